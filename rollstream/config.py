@@ -1,0 +1,139 @@
+"""Settings for every Rollstream process: defaults < config file (TOML) < environment < flags.
+
+Environment variables are ROLLSTREAM_<FIELD> (e.g. ROLLSTREAM_PREFIX), plus the conventional
+KAFKA_BOOTSTRAP_SERVERS for the broker address.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tomllib
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Topics:
+    """The topic graph, all names under one prefix."""
+
+    prefix: str = "rollstream"
+
+    @property
+    def tasks(self) -> str:
+        return f"{self.prefix}.tasks"
+
+    @property
+    def episodes(self) -> str:
+        return f"{self.prefix}.episodes"
+
+    @property
+    def episode_state(self) -> str:
+        return f"{self.prefix}.episode-state"
+
+    @property
+    def trajectories(self) -> str:
+        return f"{self.prefix}.trajectories"
+
+    @property
+    def scored(self) -> str:
+        return f"{self.prefix}.scored"
+
+    @property
+    def policy(self) -> str:
+        return f"{self.prefix}.policy"
+
+    @property
+    def dlq(self) -> str:
+        return f"{self.prefix}.dlq"
+
+
+@dataclass(frozen=True)
+class Settings:
+    bootstrap_servers: str = field(
+        default="", metadata={"help": "Kafka bootstrap servers; empty: the bundled local broker"}
+    )
+    prefix: str = field(default="rollstream", metadata={"help": "topic name prefix"})
+    partitions: int = field(default=8, metadata={"help": "partitions per topic (topics create)"})
+    max_in_flight: int = field(
+        default=64, metadata={"help": "events a stage process works on at once (backpressure)"}
+    )
+    commit_interval_ms: int = field(
+        default=200, metadata={"help": "how often a stage commits its transaction"}
+    )
+    instance_id: str = field(
+        default="",
+        metadata={"help": "stable id for static group membership and the transactional id"},
+    )
+    policy_url: str = field(
+        default="http://127.0.0.1:8011",
+        metadata={"help": "inference endpoint(s), comma separated (vLLM-compatible)"},
+    )
+    request_timeout_s: float = field(
+        default=60.0, metadata={"help": "per inference request timeout"}
+    )
+
+    @property
+    def topics(self) -> Topics:
+        return Topics(self.prefix)
+
+    def kafka(self) -> dict[str, Any]:
+        """Base librdkafka configuration."""
+        return {"bootstrap.servers": self.bootstrap_servers}
+
+
+ENV_PREFIX = "ROLLSTREAM_"
+
+
+def _coerce(value: str, like: Any) -> Any:
+    if isinstance(like, bool):
+        return value.lower() in ("1", "true", "yes", "on")
+    if isinstance(like, int):
+        return int(value)
+    if isinstance(like, float):
+        return float(value)
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add one --flag per setting (defaults stay None so unset flags don't override)."""
+    parser.add_argument("--config", type=Path, help="TOML file with settings (top-level keys)")
+    for f in fields(Settings):
+        parser.add_argument(
+            "--" + f.name.replace("_", "-"),
+            dest=f.name,
+            type=type(f.default),
+            default=None,
+            help=f"{f.metadata.get('help', '')} (env {ENV_PREFIX}{f.name.upper()})",
+        )
+
+
+def load(args: argparse.Namespace | None = None, **overrides: Any) -> Settings:
+    """Resolve settings: defaults < file < environment < flags < overrides."""
+    settings = Settings()
+    values: dict[str, Any] = {}
+    config_file = getattr(args, "config", None) or os.environ.get(ENV_PREFIX + "CONFIG")
+    if config_file:
+        path = Path(config_file)
+        if not path.is_file():
+            raise SystemExit(f"config file not found: {path}")
+        data = tomllib.loads(path.read_text())
+        known = {f.name for f in fields(Settings)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise SystemExit(f"{path}: unknown settings {unknown}; known: {sorted(known)}")
+        values.update(data)
+    for f in fields(Settings):
+        env = os.environ.get(ENV_PREFIX + f.name.upper())
+        if env is not None:
+            values[f.name] = _coerce(env, f.default)
+    if os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
+        values["bootstrap_servers"] = os.environ["KAFKA_BOOTSTRAP_SERVERS"]
+    if args is not None:
+        for f in fields(Settings):
+            flag = getattr(args, f.name, None)
+            if flag is not None:
+                values[f.name] = flag
+    values.update(overrides)
+    return replace(settings, **values)
