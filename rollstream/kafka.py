@@ -1,0 +1,103 @@
+"""Kafka client set-up shared by every stage: one place for the librdkafka settings we rely on."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+
+from rollstream.config import Settings
+
+
+def process_id(settings: Settings, role: str) -> str:
+    """A stable id when configured (static membership, fast fencing on restart), else unique."""
+    if settings.instance_id:
+        return f"{role}.{settings.instance_id}"
+    return f"{role}.{socket.gethostname()}.{os.getpid()}.{uuid.uuid4().hex[:6]}"
+
+
+def consumer(settings: Settings, group: str, **extra: Any) -> Consumer:
+    conf: dict[str, Any] = {
+        **settings.kafka(),
+        "group.id": group,
+        "isolation.level": "read_committed",
+        "enable.auto.commit": False,
+        "auto.offset.reset": "earliest",
+        "partition.assignment.strategy": "cooperative-sticky",
+        # Bound the prefetch so a slow stage does not buffer the topic in memory.
+        "queued.max.messages.kbytes": 16384,
+        "max.poll.interval.ms": 300000,
+        "session.timeout.ms": 10000,
+        "heartbeat.interval.ms": 1000,
+    }
+    if settings.instance_id:
+        conf["group.instance.id"] = f"{group}.{settings.instance_id}"
+    conf.update(extra)
+    return Consumer(conf)
+
+
+def producer(settings: Settings, transactional_id: str | None = None, **extra: Any) -> Producer:
+    conf: dict[str, Any] = {
+        **settings.kafka(),
+        "linger.ms": 5,
+        "compression.type": "lz4",
+        "message.max.bytes": 16 * 1024 * 1024,
+        "enable.idempotence": True,
+    }
+    if transactional_id:
+        conf["transactional.id"] = transactional_id
+        # A crashed process's open transaction blocks read_committed readers until it times
+        # out (or a restart with the same id fences it): keep that window short.
+        conf["transaction.timeout.ms"] = 15000
+    conf.update(extra)
+    return Producer(conf)
+
+
+def produce(p: Producer, topic: str, value: bytes | None, key: str | bytes | None = None,
+            partition: int | None = None) -> None:
+    """Produce, waiting for room when the local queue is full (backpressure, not an error)."""
+    kwargs: dict[str, Any] = {"key": key, "value": value}
+    if partition is not None:
+        kwargs["partition"] = partition
+    while True:
+        try:
+            p.produce(topic, **kwargs)
+            return
+        except BufferError:
+            p.poll(0.05)
+
+
+def read_partitions(settings: Settings, partitions: list[TopicPartition],
+                    timeout_s: float = 60.0) -> Iterator[Message]:
+    """Read the given partitions from their offsets to their current end, committed data only."""
+    if not partitions:
+        return
+    c = Consumer({
+        **settings.kafka(),
+        "group.id": f"rollstream-reader-{uuid.uuid4().hex[:8]}",
+        "isolation.level": "read_committed",
+        "enable.auto.commit": False,
+        "enable.partition.eof": True,
+    })
+    try:
+        c.assign(partitions)
+        remaining = {(tp.topic, tp.partition) for tp in partitions}
+        deadline = time.monotonic() + timeout_s
+        while remaining:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"reading {sorted(remaining)} did not reach the end")
+            for msg in c.consume(500, timeout=0.5):
+                err = msg.error()
+                if err is None:
+                    yield msg
+                elif err.code() == KafkaError._PARTITION_EOF:
+                    remaining.discard((msg.topic(), msg.partition()))
+                else:
+                    raise KafkaException(err)
+    finally:
+        c.close()

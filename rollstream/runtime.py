@@ -1,0 +1,378 @@
+"""The stage runtime every stage runs on: consume → handle → produce, exactly once.
+
+A stage only says what it does with one event (`Stage.handle`); this module does the Kafka
+work around it:
+- a consumer group with cooperative-sticky assignment (optional static membership);
+- bounded in-flight work: at `max_in_flight` events the partitions are paused (still polling,
+  so the group keeps us), resumed when work finishes; no unbounded in-process queue;
+- one Kafka transaction per commit interval holding the outputs and the input offsets
+  (KIP-447), read by read_committed consumers downstream, so a crash neither loses nor
+  duplicates an output; events finished out of order are recorded in the offset metadata
+  (see offsets.py);
+- events that cannot be decoded or are invalid go to the dead-letter topic with their reason
+  and source coordinates, in the same transaction; the stage keeps going;
+- SIGTERM/SIGINT: stop taking events, let in-flight ones finish (up to a drain timeout), commit,
+  leave the group.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import signal
+import time
+import traceback
+from abc import ABC, abstractmethod
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
+
+from rollstream import kafka
+from rollstream.codec import DecodeError, codec
+from rollstream.config import Settings, Topics
+from rollstream.offsets import PartitionProgress, decode_done
+
+log = logging.getLogger("rollstream.runtime")
+
+
+class InvalidEvent(ValueError):
+    """A decodable event this stage cannot accept; it goes to the dead-letter topic."""
+
+
+@dataclass
+class Output:
+    """One record to produce. value None with record None is a tombstone (compacted topics)."""
+
+    topic: str
+    key: str | bytes
+    record: str | None
+    value: dict | None
+    partition: int | None = None
+
+
+@dataclass
+class EventContext:
+    """Where the event came from, and a way to produce before the event is finished."""
+
+    partition: int
+    offset: int
+    emit: Callable[[Output], None]
+
+
+def dead_letter(topics: Topics, stage: str, msg: Message, reason: str) -> Output:
+    """The dead-letter record for an input event: reason, coordinates and the original bytes."""
+    return Output(topics.dlq, msg.key() or b"", "DeadLetter", {
+        "stage": stage,
+        "reason": reason,
+        "source_topic": msg.topic(),
+        "source_partition": msg.partition(),
+        "source_offset": msg.offset(),
+        "key": msg.key(),
+        "value": msg.value(),
+        "failed_at_ms": int(time.time() * 1000),
+    })
+
+
+class Stage(ABC):
+    """What a stage does with one event. Subclasses say nothing about Kafka."""
+
+    name: ClassVar[str]
+    input_record: ClassVar[str]
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.topics: Topics = settings.topics
+
+    @abstractmethod
+    def input_topic(self) -> str: ...
+
+    @abstractmethod
+    def handle(self, event: dict, ctx: EventContext) -> list[Output] | Awaitable[list[Output]]:
+        """Turn one input event into its outputs (sync, or async for I/O-bound stages)."""
+
+    def on_assign(self, partitions: list[int]) -> None:
+        """Partitions of the input topic this process now owns (restore state here)."""
+
+    def on_revoke(self, partitions: list[int]) -> None:
+        """Partitions this process no longer owns."""
+
+    async def start(self) -> None:
+        """Open resources (HTTP sessions, sandboxes) inside the event loop."""
+
+    async def close(self) -> None:
+        """Release what start() opened."""
+
+
+class StageRuntime:
+    def __init__(self, stage: Stage, settings: Settings, drain_timeout_s: float = 30.0) -> None:
+        self.stage = stage
+        self.settings = settings
+        self.topic = stage.input_topic()
+        self.group = f"{settings.prefix}.{stage.name}"
+        self.drain_timeout_s = drain_timeout_s
+        self.consumer = kafka.consumer(settings, self.group)
+        self.producer = kafka.producer(settings, kafka.process_id(settings, self.group))
+        self.codec = codec()
+        self.stats: Counter[str] = Counter()
+        self._async = inspect.iscoroutinefunction(stage.handle)
+        self._progress: dict[int, PartitionProgress] = {}
+        self._tasks: dict[asyncio.Task, tuple[int, Message]] = {}
+        self._paused: set[int] = set()
+        self._in_txn = False
+        self._stopping = False
+        self._last_commit = time.monotonic()
+        self._last_report = time.monotonic()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def run(self) -> None:
+        asyncio.run(self.serve())
+
+    def stop(self) -> None:
+        self._stopping = True
+
+    async def serve(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            # Not possible off the main thread (tests drive the runtime from a thread).
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, self.stop)
+        await self.stage.start()
+        try:
+            self.producer.init_transactions(60)
+            self.consumer.subscribe([self.topic], on_assign=self._on_assign,
+                                    on_revoke=self._on_revoke, on_lost=self._on_lost)
+            log.info("stage %s: consuming %s as group %s", self.stage.name, self.topic, self.group)
+            while not self._stopping:
+                self._poll()
+                await self._wait()
+                self._reap()
+                self._maybe_commit()
+            await self._drain()
+        finally:
+            self.consumer.close()
+            await self.stage.close()
+        log.info("stage %s stopped: %s", self.stage.name, dict(self.stats))
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    def _poll(self) -> None:
+        free = self.settings.max_in_flight - len(self._tasks)
+        self._apply_backpressure(free)
+        if free <= 0:
+            self.consumer.poll(0)  # keep the group session alive while paused
+            return
+        # Block only when nothing is in flight; otherwise in-flight work needs the loop.
+        timeout = 0.05 if not self._tasks else 0
+        for msg in self.consumer.consume(min(free, 500), timeout=timeout):
+            self._dispatch(msg)
+
+    async def _wait(self) -> None:
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=0.01, return_when=asyncio.FIRST_COMPLETED)
+        else:
+            await asyncio.sleep(0)
+
+    def _apply_backpressure(self, free: int) -> None:
+        want = set(self._progress) if free <= 0 else {
+            p for p, prog in self._progress.items() if prog.over_budget()
+        }
+        pause, resume = want - self._paused, self._paused - want
+        if pause:
+            self.consumer.pause([TopicPartition(self.topic, p) for p in pause])
+        resume &= set(self._progress)
+        if resume:
+            self.consumer.resume([TopicPartition(self.topic, p) for p in resume])
+        self._paused = want
+
+    def _dispatch(self, msg: Message) -> None:
+        err = msg.error()
+        if err is not None:
+            if err.fatal():
+                raise KafkaException(err)
+            log.warning("stage %s: consumer error %s", self.stage.name, err)
+            return
+        part, offset = msg.partition(), msg.offset()
+        progress = self._progress.get(part)
+        if progress is None:
+            return  # revoked between fetch and dispatch
+        progress.started(offset)
+        if progress.should_skip(offset):
+            self.stats["skipped"] += 1
+            progress.finished(offset)
+            return
+        try:
+            event = self.codec.decode_as(self.stage.input_record, msg.value())
+        except DecodeError as exc:
+            self._finish(msg, [], dead_letter=f"undecodable: {exc}")
+            return
+        ctx = EventContext(part, offset, self._emit)
+        if self._async:
+            task = asyncio.ensure_future(self._call(event, ctx))
+            self._tasks[task] = (part, msg)
+        else:
+            outputs, reason = self._call_sync(event, ctx)
+            self._finish(msg, outputs, dead_letter=reason)
+
+    def _call_sync(self, event: dict, ctx: EventContext) -> tuple[list[Output], str | None]:
+        try:
+            return self.stage.handle(event, ctx), None  # type: ignore[return-value]
+        except InvalidEvent as exc:
+            return [], f"invalid: {exc}"
+        except Exception as exc:
+            log.exception("stage %s failed on an event", self.stage.name)
+            return [], f"stage error: {type(exc).__name__}: {exc}"
+
+    async def _call(self, event: dict, ctx: EventContext) -> tuple[list[Output], str | None]:
+        try:
+            return await self.stage.handle(event, ctx), None  # type: ignore[misc]
+        except InvalidEvent as exc:
+            return [], f"invalid: {exc}"
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.error("stage %s failed on an event:\n%s", self.stage.name, traceback.format_exc())
+            return [], f"stage error: {type(exc).__name__}: {exc}"
+
+    def _reap(self) -> None:
+        for task in [t for t in self._tasks if t.done()]:
+            part, msg = self._tasks.pop(task)
+            if task.cancelled() or part not in self._progress:
+                continue
+            outputs, reason = task.result()
+            self._finish(msg, outputs, dead_letter=reason)
+
+    def _finish(self, msg: Message, outputs: list[Output], dead_letter: str | None) -> None:
+        if dead_letter is not None:
+            self._send_dead_letter(msg, dead_letter)
+        for out in outputs:
+            self._emit(out)
+        self.stats["processed"] += 1
+        self._progress[msg.partition()].finished(msg.offset())
+
+    def _emit(self, out: Output) -> None:
+        self._ensure_txn()
+        value = None if out.value is None else self.codec.encode(out.record, out.value)
+        kafka.produce(self.producer, out.topic, value, key=out.key, partition=out.partition)
+        self.stats[f"out:{out.topic}"] += 1
+
+    def _send_dead_letter(self, msg: Message, reason: str) -> None:
+        log.warning("stage %s: dead-letter %s[%d]@%d: %s", self.stage.name, msg.topic(),
+                    msg.partition(), msg.offset(), reason)
+        self.stats["dead_lettered"] += 1
+        self._emit(dead_letter(self.settings.topics, self.stage.name, msg, reason))
+
+    # -- transactions ------------------------------------------------------------------------
+
+    def _ensure_txn(self) -> None:
+        if not self._in_txn:
+            self.producer.begin_transaction()
+            self._in_txn = True
+
+    def _maybe_commit(self) -> None:
+        now = time.monotonic()
+        if (now - self._last_commit) * 1000 >= self.settings.commit_interval_ms:
+            self._commit()
+            self._last_commit = now
+        if now - self._last_report >= 10:
+            self._last_report = now
+            log.info("stage %s: %s, %d in flight", self.stage.name, dict(self.stats),
+                     len(self._tasks))
+
+    def _commit(self) -> None:
+        """Commit outputs and input offsets atomically; abort and rewind on abortable errors."""
+        dirty = {p: prog for p, prog in self._progress.items() if prog.dirty}
+        if not dirty and not self._in_txn:
+            return
+        offsets = [TopicPartition(self.topic, p, prog.watermark, metadata=prog.metadata())
+                   for p, prog in dirty.items()]
+        for attempt in range(5):
+            try:
+                self._ensure_txn()
+                if offsets:
+                    self.producer.send_offsets_to_transaction(
+                        offsets, self.consumer.consumer_group_metadata(), 30)
+                self.producer.commit_transaction(60)
+                break
+            except KafkaException as exc:
+                err: KafkaError = exc.args[0]
+                if err.txn_requires_abort():
+                    log.warning("stage %s: transaction aborted (%s); rewinding",
+                                self.stage.name, err)
+                    self._abort_and_rewind()
+                    return
+                if not err.retriable() or attempt == 4:
+                    raise
+                time.sleep(0.2 * (attempt + 1))
+        self._in_txn = False
+        self.stats["commits"] += 1
+        for prog in dirty.values():
+            prog.dirty = False
+
+    def _abort_and_rewind(self) -> None:
+        """Throw away the open transaction and redo everything it held."""
+        if self._in_txn:
+            self.producer.abort_transaction(60)
+            self._in_txn = False
+        for task in self._tasks:
+            task.cancel()
+        self._tasks.clear()
+        parts = [TopicPartition(self.topic, p) for p in self._progress]
+        self.stage.on_revoke(list(self._progress))
+        self._progress.clear()
+        self._restore(parts)
+        for tp in self.consumer.committed(parts, timeout=30):
+            self.consumer.seek(TopicPartition(self.topic, tp.partition, max(tp.offset, 0)))
+
+    # -- rebalancing -------------------------------------------------------------------------
+
+    def _restore(self, partitions: list[TopicPartition]) -> None:
+        committed = self.consumer.committed(partitions, timeout=30) if partitions else []
+        for tp in committed:
+            self._progress[tp.partition] = PartitionProgress(
+                tp.offset, decode_done(tp.offset, tp.metadata) if tp.offset >= 0 else set())
+        self.stage.on_assign([tp.partition for tp in committed])
+
+    def _on_assign(self, consumer: Any, partitions: list[TopicPartition]) -> None:
+        log.info("stage %s: assigned %s", self.stage.name, [tp.partition for tp in partitions])
+        self._restore(partitions)
+
+    def _on_revoke(self, consumer: Any, partitions: list[TopicPartition]) -> None:
+        parts = {tp.partition for tp in partitions}
+        if not parts:
+            return
+        log.info("stage %s: revoked %s", self.stage.name, sorted(parts))
+        # Their in-flight events go to the next owner; what finished is committed first.
+        for task, (part, _) in list(self._tasks.items()):
+            if part in parts:
+                task.cancel()
+                del self._tasks[task]
+        self._commit()
+        for p in parts:
+            self._progress.pop(p, None)
+            self._paused.discard(p)
+        self.stage.on_revoke(sorted(parts))
+
+    def _on_lost(self, consumer: Any, partitions: list[TopicPartition]) -> None:
+        log.warning("stage %s: lost %s", self.stage.name, [tp.partition for tp in partitions])
+        lost = {tp.partition for tp in partitions}
+        for p in lost:
+            self._progress.pop(p, None)
+            self._paused.discard(p)
+        self._abort_and_rewind()
+
+    async def _drain(self) -> None:
+        """Graceful stop: finish in-flight work within the drain timeout, commit, leave."""
+        if self._tasks:
+            log.info("stage %s: draining %d in-flight events", self.stage.name, len(self._tasks))
+            await asyncio.wait(self._tasks, timeout=self.drain_timeout_s)
+            self._reap()
+            for task in self._tasks:
+                task.cancel()  # unfinished: the next owner resumes them
+            self._tasks.clear()
+        self._commit()
