@@ -1,0 +1,83 @@
+"""Start and stop the pipeline's processes (policy server, stages) as real OS processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ProcessGroup:
+    """`rollstream ...` subprocesses with their logs; stops every one it started."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    def start(self, name: str, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+        log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - owned by the process
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "rollstream.cli", *args],
+            stdout=log, stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+        )
+        log.close()
+        self.procs[name] = proc
+        return proc
+
+    def kill(self, name: str) -> None:
+        """SIGKILL: the crash case, nothing is flushed or committed."""
+        proc = self.procs.pop(name)
+        proc.kill()
+        proc.wait()
+
+    def stop(self, name: str, timeout: float = 30.0) -> int:
+        proc = self.procs.pop(name)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        return proc.returncode
+
+    def stop_all(self, timeout: float = 30.0) -> None:
+        for name in list(self.procs):
+            self.stop(name, timeout)
+
+    def check_alive(self) -> None:
+        for name, proc in self.procs.items():
+            if proc.poll() is not None:
+                raise RuntimeError(f"{name} exited with {proc.returncode}; see "
+                                   f"{self.log_dir / (name + '.log')}")
+
+
+def wait_http(url: str, timeout: float = 60.0, proc: subprocess.Popen | None = None) -> None:
+    """Wait until GET url answers 200 (a started server is ready)."""
+    import urllib.error
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode} before it was ready")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"{url} not ready after {timeout:.0f}s")

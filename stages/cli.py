@@ -1,0 +1,44 @@
+"""`rollstream stage init|run|eval`: run one stage process (add processes to scale it)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+
+from rollstream import config
+
+STAGES = {
+    "init": ("stages.init", "InitStage", "expand tasks into their group of episodes"),
+    "run": ("stages.run", "RunStage", "play episodes against the inference server(s)"),
+    "eval": ("stages.eval", "EvalStage", "score finished trajectories"),
+}
+
+
+def register_cli(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "stage", help="run one pipeline stage process",
+        description="Run one stage as a member of its consumer group. Start more processes "
+                    "with the same prefix to scale a stage, up to its topic's partitions.")
+    parser.add_argument("name", choices=sorted(STAGES),
+                        help="; ".join(f"{k}: {v[2]}" for k, v in STAGES.items()))
+    parser.add_argument("--drain-timeout", type=float, default=30.0,
+                        help="seconds to let in-flight events finish on SIGTERM")
+    config.add_arguments(parser)
+    parser.set_defaults(func=run_stage)
+
+
+def run_stage(args: argparse.Namespace) -> int:
+    import importlib
+
+    from rollstream.broker.local import resolve_bootstrap
+    from rollstream.runtime import StageRuntime
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    settings = config.load(args)
+    settings = dataclasses.replace(
+        settings, bootstrap_servers=resolve_bootstrap(settings.bootstrap_servers))
+    module, cls, _ = STAGES[args.name]
+    stage = getattr(importlib.import_module(module), cls)(settings)
+    StageRuntime(stage, settings, drain_timeout_s=args.drain_timeout).run()
+    return 0

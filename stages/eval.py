@@ -1,0 +1,34 @@
+"""EVAL: score a finished trajectory with its environment's verifier."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from rollstream.envs.registry import UnknownEnv, get_env
+from rollstream.runtime import EventContext, InvalidEvent, Output, Stage
+
+
+class EvalStage(Stage):
+    name = "eval"
+    input_record = "Trajectory"
+
+    def input_topic(self) -> str:
+        return self.topics.trajectories
+
+    async def handle(self, trajectory: dict, ctx: EventContext) -> list[Output]:
+        task = trajectory["task"]
+        if trajectory["termination"] == "RUNNING":
+            raise InvalidEvent(f"episode {trajectory['episode_id']!r} is not finished")
+        try:
+            env = get_env(task["env"])
+        except UnknownEnv as exc:
+            raise InvalidEvent(str(exc)) from exc
+        score = await env.evaluate(task, trajectory)
+        return [Output(self.topics.scored, trajectory["episode_id"], "ScoredTrajectory", {
+            "trajectory": trajectory,
+            "reward": score.reward,
+            "failure_class": score.failure_class,
+            "verifier": json.dumps(score.verifier),
+            "scored_at_ms": int(time.time() * 1000),
+        })]

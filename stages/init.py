@@ -1,0 +1,42 @@
+"""INIT: check a task against its environment and expand it into its group of episodes."""
+
+from __future__ import annotations
+
+import time
+
+from rollstream.envs.base import InvalidTask
+from rollstream.envs.registry import UnknownEnv, get_env
+from rollstream.runtime import EventContext, InvalidEvent, Output, Stage
+
+
+def episode_id(task_id: str, sample_index: int) -> str:
+    # Deterministic, so replaying a task yields the same episode ids (idempotent downstream).
+    return f"{task_id}#{sample_index}"
+
+
+class InitStage(Stage):
+    name = "init"
+    input_record = "Task"
+
+    def input_topic(self) -> str:
+        return self.topics.tasks
+
+    def handle(self, task: dict, ctx: EventContext) -> list[Output]:
+        try:
+            get_env(task["env"]).validate_task(task)
+        except (UnknownEnv, InvalidTask) as exc:
+            raise InvalidEvent(f"task {task['task_id']!r}: {exc}") from exc
+        if task["group_size"] < 1:
+            raise InvalidEvent(f"task {task['task_id']!r}: group_size must be at least 1")
+        if task["max_turns"] < 1:
+            raise InvalidEvent(f"task {task['task_id']!r}: max_turns must be at least 1")
+        now = int(time.time() * 1000)
+        return [
+            Output(self.topics.episodes, episode_id(task["task_id"], i), "Episode", {
+                "episode_id": episode_id(task["task_id"], i),
+                "task": task,
+                "sample_index": i,
+                "created_at_ms": now,
+            })
+            for i in range(task["group_size"])
+        ]
