@@ -1,0 +1,106 @@
+"""`rollstream broker start|stop|status|fetch`: manage the bundled single-node Kafka broker."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+from rollstream.broker import local
+
+
+def _start(args: argparse.Namespace) -> int:
+    t0 = time.monotonic()
+    try:
+        bootstrap = local.start(timeout=args.timeout)
+    except local.BrokerError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    st = local.status()
+    # The address alone on stdout, so `export KAFKA_BOOTSTRAP_SERVERS=$(rollstream broker start)`
+    # works; the rest is for people and goes to stderr.
+    print(bootstrap)
+    print(
+        f"Kafka {st['kafka_version']} broker running at {bootstrap} (pid {st['pid']}, "
+        f"ready after {time.monotonic() - t0:.1f} s); log: {st['log']}",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _stop(args: argparse.Namespace) -> int:
+    try:
+        stopped = local.stop(timeout=args.timeout)
+    except local.BrokerError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print("broker stopped" if stopped else "broker was not running")
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    st: dict[str, Any] = local.status()
+    print(f"running:   {'yes' if st['running'] else 'no'}")
+    if st["running"]:
+        print(f"pid:       {st['pid']}")
+    print(f"bootstrap: {st['bootstrap'] or '(not started yet)'}")
+    version = st["kafka_version"] or "(jars not fetched yet)"
+    if st["kafka_version"] and not st["jars_ready"]:
+        version += " (pom.xml changed: the next start fetches new jars)"
+    print(f"kafka:     {version}")
+    print(f"home:      {st['home']}")
+    print(f"log:       {st['log']}")
+    return 0 if st["running"] else 3
+
+
+def _fetch(args: argparse.Namespace) -> int:
+    t0 = time.monotonic()
+    try:
+        libs = local.resolve_jars(force=args.force)
+    except local.BrokerError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"Kafka {local.kafka_version()} jars in {libs} ({time.monotonic() - t0:.1f} s)")
+    return 0
+
+
+def register_cli(sub: Any) -> None:
+    """Add `broker` and its subcommands to the `rollstream` command's subparsers."""
+    parser = sub.add_parser(
+        "broker",
+        help="run the bundled single-node Kafka broker (no Docker needed)",
+        description=(
+            "The bundled Apache Kafka 4.x broker (KRaft, one node, 127.0.0.1 only), run from "
+            "Maven Central jars with Java 17+. Its data, log and ports live under $ROLLSTREAM_HOME "
+            "(default: .rollstream in the project). Commands that need a broker start it on "
+            "demand unless KAFKA_BOOTSTRAP_SERVERS or --bootstrap-servers names another one."
+        ),
+    )
+    commands = parser.add_subparsers(dest="broker_command", metavar="ACTION", required=True)
+
+    p = commands.add_parser(
+        "start",
+        help="start the broker (reuses a running one); prints its bootstrap address",
+        description="Start the broker detached, or reuse the one already running, and wait "
+        "until it answers. Prints host:port on stdout.",
+    )
+    p.add_argument("--timeout", type=float, default=90, help="seconds to wait for it (default 90)")
+    p.set_defaults(func=_start)
+
+    p = commands.add_parser("stop", help="stop the broker (SIGTERM, then SIGKILL)")
+    p.add_argument("--timeout", type=float, default=30, help="seconds before SIGKILL (default 30)")
+    p.set_defaults(func=_stop)
+
+    p = commands.add_parser(
+        "status",
+        help="show whether the broker runs, where, and its log (exit 0 running, 3 not)",
+    )
+    p.set_defaults(func=_status)
+
+    p = commands.add_parser(
+        "fetch",
+        help="download the broker's jars with Maven now (start does it when missing)",
+    )
+    p.add_argument("--force", action="store_true", help="download again even if present")
+    p.set_defaults(func=_fetch)

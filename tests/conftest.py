@@ -1,0 +1,103 @@
+"""Shared fixtures: one Kafka broker per test session, fresh topics per test.
+
+Broker, in order: KAFKA_BOOTSTRAP_SERVERS; else a Kafka container when a Docker engine answers;
+else the bundled local broker (rollstream.broker.local), reused if it is running already.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import pytest
+
+from rollstream.broker import local
+from rollstream.config import Settings, Topics, load
+from rollstream.topics import create_topics, delete_topics
+
+if TYPE_CHECKING:
+    from testcontainers.core.container import DockerContainer
+
+# The same Kafka as the bundled broker (rollstream/broker/pom.xml).
+KAFKA_IMAGE = "apache/kafka:4.1.2"
+
+
+def _docker_reachable() -> bool:
+    try:
+        import docker
+
+        docker.from_env().ping()
+    except Exception:  # no engine, no socket, no permission: all mean "no Docker"
+        return False
+    return True
+
+
+def _kafka_container() -> tuple[DockerContainer, str]:
+    """Start an apache/kafka container configured like the bundled broker."""
+    from testcontainers.core.container import DockerContainer
+
+    # testcontainers' KafkaContainer scripts the confluentinc image only; apache/kafka is set up
+    # with its KAFKA_* environment variables. The advertised address must be known before the
+    # container starts, so bind a host port chosen here.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    container = DockerContainer(KAFKA_IMAGE).with_bind_ports(9092, port)
+    host = container.get_docker_client().host()
+    env = {
+        "node.id": "1",
+        "process.roles": "broker,controller",
+        "listeners": "PLAINTEXT://:9092,CONTROLLER://:9093",
+        "advertised.listeners": f"PLAINTEXT://{host}:{port}",
+        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        "controller.listener.names": "CONTROLLER",
+        "controller.quorum.voters": "1@localhost:9093",
+        **local.BROKER_SETTINGS,
+    }
+    for key, value in env.items():
+        # The image's mapping: "_" -> "__", "-" -> "___", "." -> "_".
+        var = key.replace("_", "__").replace("-", "___").replace(".", "_").upper()
+        container.with_env(f"KAFKA_{var}", value)
+    container.start()
+    bootstrap = f"{host}:{port}"
+    local.wait_ready(bootstrap, timeout=120)
+    return container, bootstrap
+
+
+@pytest.fixture(scope="session")
+def bootstrap() -> Iterator[str]:
+    if os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
+        yield os.environ["KAFKA_BOOTSTRAP_SERVERS"]
+    elif _docker_reachable():
+        container, address = _kafka_container()
+        try:
+            yield address
+        finally:
+            container.stop()
+    else:
+        # Stop it at the end only if this session started it: a running broker is someone's.
+        started_here = not local.is_running()
+        address = local.start()
+        try:
+            yield address
+        finally:
+            if started_here:
+                local.stop()
+
+
+@pytest.fixture
+def topics(bootstrap: str) -> Iterator[Topics]:
+    """The topic graph under a fresh prefix (kept if ROLLSTREAM_TEST_KEEP_TOPICS=1)."""
+    prefix = f"t{uuid.uuid4().hex[:8]}"
+    create_topics(bootstrap, prefix, partitions=4)
+    yield Topics(prefix)
+    if os.environ.get("ROLLSTREAM_TEST_KEEP_TOPICS") != "1":
+        delete_topics(bootstrap, prefix)
+
+
+@pytest.fixture
+def settings(bootstrap: str, topics: Topics) -> Settings:
+    return load(bootstrap_servers=bootstrap, prefix=topics.prefix, partitions=4)
