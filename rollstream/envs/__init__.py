@@ -1,0 +1,1 @@
+"""Environment plug-ins: the interface (base), the registry, and the built-in environments."""
