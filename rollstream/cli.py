@@ -27,13 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in FEATURE_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name != name:
-                raise
-            continue  # feature not built yet in this checkout
-        module.register_cli(sub)
+        importlib.import_module(name).register_cli(sub)
     return parser
 
 

@@ -91,7 +91,7 @@ def read_partitions(settings: Settings, partitions: list[TopicPartition],
         while remaining:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"reading {sorted(remaining)} did not reach the end")
-            for msg in c.consume(500, timeout=0.5):
+            for msg in c.consume(500, timeout=0.05):
                 err = msg.error()
                 if err is None:
                     yield msg

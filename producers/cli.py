@@ -1,0 +1,164 @@
+"""`rollstream publish` and `rollstream replay`: put tasks into the pipeline, re-read its events."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from datetime import UTC, datetime
+from typing import Any
+
+from rollstream import config
+
+
+def parse_time_ms(text: str) -> int:
+    """Epoch milliseconds, or an ISO 8601 time (UTC unless it names an offset)."""
+    if text.isdigit():
+        return int(text)
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is neither epoch milliseconds nor ISO 8601 (2025-01-31T12:00:00Z)"
+        ) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return int(moment.timestamp() * 1000)
+
+
+def _settings(args: argparse.Namespace) -> config.Settings:
+    from rollstream.broker.local import resolve_bootstrap
+
+    settings = config.load(args)
+    return dataclasses.replace(
+        settings, bootstrap_servers=resolve_bootstrap(settings.bootstrap_servers)
+    )
+
+
+def run_publish(args: argparse.Namespace) -> int:
+    from producers.publish import TaskFileError, load_tasks, publish
+
+    try:
+        tasks = load_tasks(args.file, args.format)
+    except (TaskFileError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        print(f"{len(tasks)} tasks valid in {args.file} (dry run: nothing sent)")
+        return 0
+    settings = _settings(args)
+    sent = publish(settings, tasks)
+    print(f"sent {sent} tasks to {settings.topics.tasks}")
+    return 0
+
+
+def run_replay(args: argparse.Namespace) -> int:
+    from producers.replay import replay
+
+    try:
+        count = replay(
+            _settings(args),
+            args.topic,
+            start_offset=args.from_offset,
+            end_offset=args.to_offset,
+            start_time_ms=args.from_time,
+            end_time_ms=args.to_time,
+            where=args.where,
+            policy_version=args.policy_version,
+            to_topic=args.to_topic,
+            limit=args.limit,
+        )
+    except ValueError as exc:  # bad topic or filter: a usage error, not a crash
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(
+        f"replayed {count} events" + (f" to {args.to_topic}" if args.to_topic else ""),
+        file=sys.stderr,  # stdout carries the JSON lines
+    )
+    return 0
+
+
+def register_cli(sub: Any) -> None:
+    """Add `publish` and `replay` to the `rollstream` command's subparsers."""
+    # producers.publish is not imported here for its FORMATS: it pulls in numpy and fastavro,
+    # and `rollstream --help` should stay instant. load_tasks rejects an unknown format.
+    p = sub.add_parser(
+        "publish",
+        help="validate a task file and send it to <prefix>.tasks",
+        description="Validate every task in FILE (JSON syntax, the Task schema, a known env) and "
+        "only then send them all, keyed by task_id, in one Kafka transaction: all or nothing. "
+        "A bad line is reported as FILE:LINE: field ... and exits with status 2.",
+    )
+    p.add_argument("file", metavar="FILE.jsonl", help="one Task JSON object per line")
+    p.add_argument(
+        "--format",
+        default="rollstream",
+        help="task source format (default rollstream: JSONL of Task objects; `data` may be a "
+        "JSON object or a string holding one; missing optional fields take schema defaults); "
+        "an unknown format is an error that lists the known ones",
+    )
+    p.add_argument("--dry-run", action="store_true", help="validate only; send nothing")
+    config.add_arguments(p)
+    p.set_defaults(func=run_publish)
+
+    r = sub.add_parser(
+        "replay",
+        help="re-read a topic's events: copy them to another topic or print them as JSON",
+        description="Re-read the committed events of a topic in the range [from, to) on every\n"
+        "partition (no bound: from the start / to the current end), keep those matching the\n"
+        "filters, then either copy their original bytes and keys to --to-topic in one\n"
+        "transaction, or print one JSON object per line on stdout: {topic, partition, offset,\n"
+        "timestamp_ms, key, type, value}, token ids and logprobs as lists, other bytes base64.\n"
+        "Undecodable events are skipped and counted on stderr.",
+        epilog="examples:\n"
+        "  rollstream replay --topic scored --where failure_class=ok --policy-version 3\n"
+        "  rollstream replay --topic tasks --from-time 2025-01-31T12:00 --to-topic rerun.tasks\n"
+        "  rollstream replay --topic trajectories --where task.env=arithmetic --limit 5",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    r.add_argument(
+        "--topic",
+        required=True,
+        help="topic to read; a name that is not a topic is taken as a suffix: "
+        "`scored` means <prefix>.scored",
+    )
+    r.add_argument("--from-offset", type=int, metavar="N", help="first offset, each partition")
+    r.add_argument(
+        "--to-offset", type=int, metavar="N", help="stop before this offset, each partition"
+    )
+    r.add_argument(
+        "--from-time",
+        type=parse_time_ms,
+        metavar="TIME",
+        help="first event at or after TIME: epoch ms or ISO 8601 (UTC unless an offset is given)",
+    )
+    r.add_argument(
+        "--to-time", type=parse_time_ms, metavar="TIME", help="stop before events at TIME"
+    )
+    r.add_argument(
+        "--where",
+        action="append",
+        default=[],
+        metavar="PATH=VALUE",
+        help="keep events whose dotted field PATH equals VALUE as text, e.g. task.env=arithmetic, "
+        "trajectory.task.env=guess_number, failure_class=ok; lists match if any element does "
+        "(trajectory.turns.finish_reason=length); repeat to require several",
+    )
+    r.add_argument(
+        "--policy-version",
+        type=int,
+        metavar="N",
+        help="keep trajectories with a turn sampled by policy version N (and that PolicyVersion)",
+    )
+    target = r.add_mutually_exclusive_group()
+    target.add_argument(
+        "--to-topic",
+        metavar="T2",
+        help="copy events to this exact topic (created like the source if missing)",
+    )
+    target.add_argument(
+        "--json", action="store_true", help="print one JSON object per line (the default)"
+    )
+    r.add_argument("--limit", type=int, metavar="N", help="stop after N replayed events")
+    config.add_arguments(r)
+    r.set_defaults(func=run_replay)

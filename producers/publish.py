@@ -1,0 +1,207 @@
+"""Publish tasks to <prefix>.tasks: validate the whole task file, then send it in one transaction.
+
+Validation happens before anything is sent so a typo on line 9,000 does not leave 8,999 tasks
+half-published; the transaction makes the send itself all-or-nothing too.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from fastavro.validation import ValidationError, validate
+
+from rollstream.codec import codec
+from rollstream.config import Settings
+from rollstream.envs.registry import UnknownEnv, get_env
+from rollstream.kafka import process_id, produce, producer
+
+
+class TaskFileError(ValueError):
+    """A task source is invalid; the message names the location (file:line) and the field."""
+
+
+# A loader turns a task source into (location, candidate Task dict) pairs; load_tasks validates
+# every candidate the same way whatever the source, so a new format only maps fields.
+Loader = Callable[[Path], Iterator[tuple[str, dict[str, Any]]]]
+
+
+def _read_jsonl(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    with path.open(encoding="utf-8") as lines:
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{number}"
+            try:
+                item = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise TaskFileError(
+                    f"{where}: invalid JSON: {exc.msg} (column {exc.colno})"
+                ) from None
+            if not isinstance(item, dict):
+                raise TaskFileError(f"{where}: expected a JSON object, got {_show(item)}")
+            yield where, item
+
+
+FORMATS: dict[str, Loader] = {"rollstream": _read_jsonl}
+
+
+def _show(value: Any) -> str:
+    text = json.dumps(value, default=repr)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _type_name(schema: Any) -> str:
+    if isinstance(schema, list):
+        return " or ".join(_type_name(s) for s in schema)
+    if isinstance(schema, dict):
+        return schema.get("name") or schema["type"]
+    return str(schema).rpartition(".")[2]  # named types without their namespace
+
+
+def _record_fields(schema: Any, named: dict[str, Any]) -> list[dict] | None:
+    """The fields of a record type (parsed schemas refer to named records by name), else None."""
+    schema = named.get(schema, schema) if isinstance(schema, str) else schema
+    if isinstance(schema, dict) and schema.get("type") == "record":
+        return schema["fields"]
+    return None
+
+
+def _fill_defaults(
+    fields: list[dict], named: dict[str, Any], value: dict[str, Any], path: str = ""
+) -> dict[str, Any]:
+    """A copy of `value` with schema defaults filled in, nested records too.
+
+    Unknown fields are rejected: a misspelt optional field would silently take its default.
+    """
+    known = {f["name"]: f for f in fields}
+    unknown = sorted(set(value) - set(known))
+    if unknown:
+        raise ValueError(f"unknown field '{path}{unknown[0]}'; known: {', '.join(known)}")
+    out: dict[str, Any] = {}
+    for name, f in known.items():
+        inner = _record_fields(f["type"], named)
+        if name not in value:
+            if "default" not in f:
+                raise ValueError(f"field '{path}{name}': missing (required, no default)")
+            out[name] = copy.deepcopy(f["default"])  # never share the schema's own objects
+        elif inner is not None and isinstance(value[name], dict):
+            out[name] = _fill_defaults(inner, named, value[name], f"{path}{name}.")
+        else:
+            out[name] = value[name]
+    return out
+
+
+def _field_paths(schema: dict, named: dict[str, Any], path: str = "") -> dict[str, str]:
+    """Record type name -> dotted path of the Task field holding it ("" for Task itself)."""
+    paths = {schema["name"]: path}
+    for f in schema["fields"]:
+        if _record_fields(f["type"], named) is not None:
+            inner = named.get(f["type"], f["type"])
+            paths.update(_field_paths(inner, named, f"{path}{f['name']}."))
+    return paths
+
+
+def _check_types(schema: dict, task: dict[str, Any]) -> None:
+    try:
+        validate(task, schema)
+    except ValidationError as exc:
+        errors = exc.errors
+        # fastavro names the field "<record type>.<field>"; users know the path from Task.
+        record, _, name = errors[0].field.rpartition(".")
+        field = _field_paths(schema, schema["__named_schemas"]).get(record, "") + name
+        expected = " or ".join(dict.fromkeys(_type_name(e.schema) for e in errors))
+        got = _show(errors[0].datum)
+        raise ValueError(f"field '{field}': expected {expected}, got {got}") from None
+
+
+def _normalize_data(data: Any) -> str:
+    """Task.data travels as a JSON string; accept the object itself or a string holding one."""
+    if isinstance(data, str):
+        try:
+            parsed = json.loads(data)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"field 'data': string is not valid JSON: {exc.msg}") from None
+    else:
+        parsed = data
+    if not isinstance(parsed, dict):
+        raise ValueError(f"field 'data': expected a JSON object, got {_show(data)}")
+    return data if isinstance(data, str) else json.dumps(data)
+
+
+def _check_env(name: str, known: set[str]) -> None:
+    if name in known:
+        return
+    try:
+        get_env(name)
+    except UnknownEnv as exc:
+        raise ValueError(f"field 'env': {exc}") from None
+    known.add(name)
+
+
+def validate_task(item: dict[str, Any], known_envs: set[str] | None = None) -> dict[str, Any]:
+    """A complete Task (defaults filled, data as a JSON string); ValueError names the bad field."""
+    schema = codec().schemas["Task"]
+    task = _fill_defaults(schema["fields"], schema["__named_schemas"], item)
+    if "data" in item:
+        task["data"] = _normalize_data(item["data"])
+    _check_types(schema, task)
+    if not task["task_id"]:
+        raise ValueError("field 'task_id': must not be empty")
+    for name in ("group_size", "max_turns"):  # zero would silently yield no episodes/turns
+        if task[name] < 1:
+            raise ValueError(f"field '{name}': must be at least 1, got {task[name]}")
+    _check_env(task["env"], set() if known_envs is None else known_envs)
+    return task
+
+
+def load_tasks(path: str | Path, fmt: str = "rollstream") -> list[dict[str, Any]]:
+    """Read and validate every task in `path`; raises TaskFileError at the first bad one."""
+    if fmt not in FORMATS:
+        raise TaskFileError(f"unknown task format {fmt!r}; known: {', '.join(sorted(FORMATS))}")
+    tasks: list[dict[str, Any]] = []
+    first_seen: dict[str, str] = {}
+    known_envs: set[str] = set()
+    for where, item in FORMATS[fmt](Path(path)):
+        try:
+            task = validate_task(item, known_envs)
+        except ValueError as exc:
+            raise TaskFileError(f"{where}: {exc}") from None
+        # Episode ids derive from task ids, so a duplicate would collide downstream.
+        if task["task_id"] in first_seen:
+            raise TaskFileError(
+                f"{where}: field 'task_id': duplicate {task['task_id']!r} "
+                f"(first at {first_seen[task['task_id']]})"
+            )
+        first_seen[task["task_id"]] = where
+        tasks.append(task)
+    return tasks
+
+
+def publish(settings: Settings, tasks: list[dict[str, Any]]) -> int:
+    """Send validated tasks to <prefix>.tasks keyed by task_id, all in one transaction."""
+    topic = settings.topics.tasks
+    now_ms = int(time.time() * 1000)
+    values = [
+        codec().encode("Task", {**t, "created_at_ms": t["created_at_ms"] or now_ms}) for t in tasks
+    ]
+    p = producer(settings, process_id(settings, "publish"))
+    # The topic must exist, or the send would only fail at commit, after a delivery timeout.
+    # Listing all topics, not this one, so a broker with auto-create on does not create it.
+    found = p.list_topics(timeout=10).topics.get(topic)
+    if found is None or found.error is not None:
+        raise RuntimeError(f"topic {topic} does not exist (create it: rollstream topics create)")
+    p.init_transactions(30)
+    p.begin_transaction()
+    try:
+        for task, value in zip(tasks, values, strict=True):
+            produce(p, topic, value, key=task["task_id"])
+        p.commit_transaction(60)
+    except BaseException:
+        p.abort_transaction(30)
+        raise
+    return len(tasks)
