@@ -1,0 +1,73 @@
+"""Trainer bridge on the real broker: complete groups only, offsets committed after the ack."""
+
+from __future__ import annotations
+
+from confluent_kafka import TopicPartition
+
+from producers.publish import validate_task
+from rollstream import kafka
+from rollstream.codec import codec
+from rollstream.config import Settings
+from trainer_bridge.bridge import TrainerBridge
+
+
+def scored(task_id: str, index: int, group_size: int, reward: float) -> bytes:
+    task = validate_task({"task_id": task_id, "env": "arithmetic", "prompt": "1+1=",
+                          "data": {"answer": "2"}, "group_size": group_size})
+    trajectory = {"episode_id": f"{task_id}#{index}", "task": task, "sample_index": index,
+                  "turns": [], "termination": "DONE", "started_at_ms": 1}
+    return codec().encode("ScoredTrajectory", {
+        "trajectory": trajectory, "reward": reward, "failure_class": "ok", "scored_at_ms": 2})
+
+
+def publish_groups(settings: Settings, tasks: int, group_size: int) -> None:
+    producer = kafka.producer(settings)
+    # Interleaved, so groups complete out of order and across partitions.
+    for i in range(group_size):
+        for t in range(tasks):
+            kafka.produce(producer, settings.topics.scored, scored(f"task{t}", i, group_size,
+                                                                   float(i)),
+                          key=f"task{t}#{i}")
+    producer.flush()
+
+
+def task_ids(batches) -> list[str]:
+    return sorted(g.task_id for b in batches for g in b.groups)
+
+
+def test_batches_hold_complete_groups_and_unacked_batches_come_back(settings: Settings) -> None:
+    publish_groups(settings, tasks=6, group_size=3)
+    with TrainerBridge(settings, groups_per_batch=2) as bridge:
+        first = list(bridge.batches(max_batches=3, idle_timeout_s=10))
+        assert task_ids(first) == [f"task{t}" for t in range(6)]
+        for batch in first:
+            assert all(len(g.samples) == 3 for g in batch.groups)
+            assert all(sorted(g.rewards) == [0.0, 1.0, 2.0] for g in batch.groups)
+        first[0].ack()  # the trainer took only the first batch
+        acked = task_ids(first[:1])
+
+    # A new bridge process in the same group: the acked batch is not handed out again,
+    # the two unacknowledged ones are.
+    with TrainerBridge(settings, groups_per_batch=2) as bridge:
+        again = list(bridge.batches(max_batches=2, idle_timeout_s=10))
+        assert task_ids(again) == sorted(set(task_ids(first)) - set(acked))
+        for batch in again:
+            batch.ack()
+    with TrainerBridge(settings, groups_per_batch=2) as bridge:
+        assert list(bridge.batches(idle_timeout_s=3)) == []
+
+
+def test_bridge_dead_letters_undecodable_events(settings: Settings) -> None:
+    publish_groups(settings, tasks=2, group_size=2)
+    producer = kafka.producer(settings)
+    kafka.produce(producer, settings.topics.scored, b"junk", key="x")
+    producer.flush()
+    with TrainerBridge(settings, groups_per_batch=2) as bridge:
+        [batch] = list(bridge.batches(max_batches=1, idle_timeout_s=10))
+        batch.ack()
+        assert bridge.dead_lettered == 1
+    letters = list(kafka.read_partitions(
+        settings, [TopicPartition(settings.topics.dlq, p, 0) for p in range(4)]))
+    [letter] = [codec().decode_as("DeadLetter", m.value()) for m in letters]
+    assert letter["stage"] == "bridge" and letter["value"] == b"junk"
+    assert letter["reason"].startswith("undecodable:")
