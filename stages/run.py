@@ -123,8 +123,7 @@ class RunStage(Stage):
             if len(turns) >= task["max_turns"]:
                 trajectory["termination"] = "MAX_TURNS"
                 return
-            prompt_ids = (self.template.first_prompt(task["prompt"]) if not turns
-                          else self.template.observation_delta(turns[-1]["observation"] or ""))
+            prompt_ids = self._next_prompt(task, turns)
             started = now_ms()
             try:
                 completion = await self._complete(context + prompt_ids, task, trajectory,
@@ -149,6 +148,16 @@ class RunStage(Stage):
                 trajectory["termination"] = "DONE"
                 return
             self._checkpoint(ctx, trajectory, trajectory["episode_id"])
+
+    def _next_prompt(self, task: dict, turns: list[dict]) -> list[int]:
+        if not turns:
+            return self.template.first_prompt(task["prompt"])
+        delta = self.template.observation_delta(turns[-1]["observation"] or "")
+        if turns[-1]["finish_reason"] == "length":
+            # Cut off before its stop token: close the turn so the template stays well-formed
+            # (the closing token is part of the prompt, never trained on as sampled).
+            return [self.template.stop_token_ids[0], *delta]
+        return delta
 
     @staticmethod
     def _turn(index: int, prompt_ids: list[int], completion: Completion, started_ms: int,

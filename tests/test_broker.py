@@ -64,9 +64,9 @@ def test_local_broker_start_reuses_running_broker(bootstrap: str) -> None:
 
 def test_resolve_bootstrap_order(bootstrap: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "env-host:9092")
-    assert local.resolve_bootstrap("flag-host:9092") == "env-host:9092"
+    assert local.resolve_bootstrap("flag-host:9092") == "flag-host:9092"  # an explicit flag wins
+    assert local.resolve_bootstrap("") == "env-host:9092"
     monkeypatch.delenv("KAFKA_BOOTSTRAP_SERVERS")
-    assert local.resolve_bootstrap("flag-host:9092") == "flag-host:9092"
     if _local_broker_in_use(bootstrap):
         assert local.resolve_bootstrap("") == bootstrap  # the running bundled broker
 

@@ -1,11 +1,11 @@
 import io
-import json
 
 import numpy as np
 import pytest
 from fastavro import parse_schema, schemaless_writer
 from fastavro.schema import fingerprint, to_parsing_canonical_form
 
+import schemas
 from rollstream.codec import (
     MAGIC,
     DecodeError,
@@ -45,7 +45,7 @@ def test_round_trip_keeps_token_ids_and_logprobs_exact() -> None:
 
 
 def test_reads_events_written_with_an_older_schema_version() -> None:
-    old = json.loads(open("schemas/history/task.v0.avsc").read())
+    old = schemas.read_history("history/task.v0.avsc")
     parsed = parse_schema(old)
     body = io.BytesIO()
     schemaless_writer(body, parsed, {"task_id": "old-1", "env": "arithmetic", "prompt": "2+2?",
