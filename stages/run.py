@@ -106,7 +106,11 @@ class RunStage(Stage):
         else:
             self.resumed += 1
             log.info("resuming %s at turn %d", episode["episode_id"], len(trajectory["turns"]))
-        await self._play(env, trajectory, ctx)
+        try:
+            await self._play(env, trajectory, ctx)
+        finally:
+            # Also on cancellation (partition revoked): the next owner re-creates what it needs.
+            await env.close(task, json.loads(trajectory["env_state"]))
         trajectory["finished_at_ms"] = now_ms()
         self._checkpoint(ctx, None, episode["episode_id"])  # done: drop the checkpoint
         return [Output(self.topics.trajectories, episode["episode_id"], "Trajectory", trajectory)]

@@ -71,6 +71,9 @@ class Environment(ABC):
     def validate_task(self, task: dict) -> None:
         """Raise InvalidTask naming the field if `task` lacks what this environment needs."""
 
+    async def close(self, task: dict, state: dict) -> None:
+        """Release what the episode holds (a sandbox), once RUN is done with it, before EVAL."""
+
 
 # Terminations whose score does not depend on any answer; the module docstring says why.
 _TERMINATION_SCORES: dict[str, tuple[float | None, FailureClass]] = {
