@@ -70,13 +70,41 @@ class Settings:
         default="http://127.0.0.1:8011",
         metadata={"help": "inference endpoint(s), comma separated (vLLM-compatible)"},
     )
+    policy_url_file: str = field(
+        default="",
+        metadata={"help": "file listing more inference endpoints, one per line; re-read while "
+                          "running, so servers can be added and removed"},
+    )
     request_timeout_s: float = field(
         default=60.0, metadata={"help": "per inference request timeout"}
+    )
+    server_max_in_flight: int = field(
+        default=64,
+        metadata={"help": "requests one RUN process sends one inference server at once; when "
+                          "every server is at it, RUN stops taking episodes"},
+    )
+    health_interval_s: float = field(
+        default=2.0, metadata={"help": "how often inference servers' health and load are read"}
+    )
+    tokenizer_path: str = field(
+        default="",
+        metadata={"help": "local Hugging Face tokenizer directory whose chat template RUN "
+                          "renders (empty: the embedded policy's template)"},
     )
 
     @property
     def topics(self) -> Topics:
         return Topics(self.prefix)
+
+    def policy_urls(self) -> list[str]:
+        """Inference endpoints: `policy_url`, then the lines of `policy_url_file` (read now;
+        blank lines and `#` comments skipped), without duplicates."""
+        urls = [u.strip() for u in self.policy_url.split(",")]
+        if self.policy_url_file:
+            path = Path(self.policy_url_file)
+            lines = path.read_text().splitlines() if path.is_file() else []
+            urls += [line.split("#", 1)[0].strip() for line in lines]
+        return list(dict.fromkeys(u.rstrip("/") for u in urls if u))
 
     def kafka(self) -> dict[str, Any]:
         """Base librdkafka configuration."""

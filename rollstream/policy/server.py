@@ -5,6 +5,8 @@ Endpoints: POST /v1/completions, POST /tokenize, POST /detokenize, GET /health, 
 GET /metrics (Prometheus, vLLM metric names), and weight reload: POST /v1/load_weights
 {"path", "version"?} (Rollstream extension) or vLLM dev mode's
 POST /collective_rpc {"method": "reload_weights", "kwargs": {"weights_path"}}.
+GET /rollstream/policy_version reports the loaded version, as rollstream.vllm_middleware does
+for vLLM.
 
 Compatibility notes (vLLM 0.12+ behaviour, mirrored here):
 - `token_ids` holds every sampled id including the stop token (EOS or a `stop_token_ids` entry)
@@ -54,6 +56,7 @@ from rollstream.policy.model import (
     load,
 )
 from rollstream.policy.tokenizer import ByteTokenizer
+from rollstream.vllm_middleware import VERSION_PATH
 
 log = logging.getLogger(__name__)
 
@@ -219,6 +222,7 @@ class PolicyServer:
             web.get("/metrics", self.metrics),
             web.post("/v1/load_weights", self.load_weights),
             web.post("/collective_rpc", self.collective_rpc),
+            web.get(VERSION_PATH, self.policy_version),
         ]
 
     # --- completions -------------------------------------------------------------------------
@@ -469,6 +473,9 @@ class PolicyServer:
             raise HTTPError("reload_weights needs kwargs.weights_path.", param="kwargs")
         version = await self._reload(path, None)  # version from the checkpoint's metadata
         return web.json_response({"results": [None]}, headers={POLICY_VERSION_HEADER: str(version)})
+
+    async def policy_version(self, request: web.Request) -> web.Response:
+        return web.json_response({"version": self.engine.policy_version})
 
     async def _reload(self, path: str, version: int | None) -> int:
         try:

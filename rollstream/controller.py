@@ -1,0 +1,287 @@
+"""The inference controller: applies each PolicyVersion on <p>.policy to every inference server.
+
+`apply_policy(event, servers)` is the whole mechanism, per server:
+- LoRA (`kind: lora`): `POST /v1/load_lora_adapter` under the name `rollstream-policy-v<N>` (vLLM
+  needs VLLM_ALLOW_RUNTIME_LORA_UPDATING=True). RUN sends requests to the newest adapter by name,
+  so a turn's version is the adapter it named. Adapters older than the previous one are unloaded.
+- full weights, embedded policy server: `POST /v1/load_weights {path, version}`; the server
+  drains its running batch on the old weights before it swaps.
+- full weights, vLLM (VLLM_SERVER_DEV_MODE=1): `/pause?mode=wait` → clear the version stamp →
+  `/collective_rpc reload_weights {weights_path}` → `/reset_prefix_cache` → stamp version N →
+  `/resume`. The stamp is rollstream.vllm_middleware's; without it vLLM responses carry no
+  version and RUN records -1 (unknown) rather than a guess.
+
+`rollstream controller` runs it as a service: it reads <p>.policy from the beginning (the topic
+holds one small event per trainer step, and the newest version is the one every server must
+have), never rolls a server back to an older version, and every `health_interval_s` re-applies
+the newest version to servers that do not report it (one that was down, or newly listed in
+`policy_url_file`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import logging
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from rollstream import config
+from rollstream.vllm_middleware import VERSION_PATH
+
+log = logging.getLogger("rollstream.controller")
+
+LORA_PREFIX = "rollstream-policy-v"
+_LORA_NAME = re.compile(re.escape(LORA_PREFIX) + r"(\d+)$")
+
+
+def lora_name(version: int) -> str:
+    return f"{LORA_PREFIX}{version}"
+
+
+def lora_version(model_id: str) -> int | None:
+    """The policy version of a LoRA adapter named by `lora_name`, else None."""
+    match = _LORA_NAME.match(model_id)
+    return int(match.group(1)) if match else None
+
+
+class ApplyError(RuntimeError):
+    """A server refused or failed a step of a weight update; the message names the step."""
+
+
+@dataclass
+class Applied:
+    server: str
+    version: int
+    ok: bool
+    detail: str  # the steps taken, or why it failed
+
+
+async def apply_policy(
+    event: Mapping[str, Any],
+    servers: Sequence[str],
+    *,
+    session: aiohttp.ClientSession | None = None,
+    timeout_s: float = 600.0,
+) -> list[Applied]:
+    """Apply one PolicyVersion event to every server, concurrently; one result per server.
+
+    A server that fails does not stop the others: the caller retries it (the service does)."""
+    own = session is None
+    session = session or aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s))
+    try:
+        return list(await asyncio.gather(*(_apply(session, url, event) for url in servers)))
+    finally:
+        if own:
+            await session.close()
+
+
+async def current_version(session: aiohttp.ClientSession, url: str) -> int | None:
+    """The policy version a server reports it serves: the newest Rollstream LoRA adapter it
+    lists, else its version stamp (embedded server, or vLLM with the middleware); None if it
+    reports none or cannot be reached."""
+    try:
+        models = await _call(session, "GET", url, "/v1/models")
+        adapters = [lora_version(str(m.get("id", ""))) for m in models.get("data", [])]
+        versions = [v for v in adapters if v is not None]
+        if versions:
+            return max(versions)
+        stamp = await _call(session, "GET", url, VERSION_PATH, missing_ok=True)
+    except (aiohttp.ClientError, TimeoutError, ApplyError, AttributeError):
+        return None
+    return stamp.get("version") if isinstance(stamp, dict) else None
+
+
+async def _apply(session: aiohttp.ClientSession, url: str, event: Mapping[str, Any]) -> Applied:
+    version = int(event["version"])
+    try:
+        models = await _call(session, "GET", url, "/v1/models")
+        embedded = any(m.get("owned_by") == "rollstream" for m in models.get("data", []))
+        if event.get("kind", "full") == "lora":
+            if embedded:
+                raise ApplyError("the embedded policy server has no LoRA support")
+            detail = await _load_lora(session, url, version, event["uri"], models)
+        elif embedded:
+            await _call(session, "POST", url, "/v1/load_weights",
+                        {"path": event["uri"], "version": version})
+            detail = "load_weights"
+        else:
+            detail = await _reload_vllm(session, url, version, event["uri"])
+    except (aiohttp.ClientError, TimeoutError, ApplyError) as exc:
+        log.warning("policy v%d on %s failed: %s", version, url, exc)
+        return Applied(url, version, False, f"{type(exc).__name__}: {exc}")
+    log.info("policy v%d on %s: %s", version, url, detail)
+    return Applied(url, version, True, detail)
+
+
+async def _load_lora(session: aiohttp.ClientSession, url: str, version: int, uri: str,
+                     models: Any) -> str:
+    name = lora_name(version)
+    loaded = {str(m.get("id")) for m in models.get("data", [])}
+    if name not in loaded:
+        await _call(session, "POST", url, "/v1/load_lora_adapter",
+                    {"lora_name": name, "lora_path": uri})
+    # Keep the previous adapter: RUN may still have requests naming it in flight.
+    stale = sorted(m for m in loaded if (lora_version(m) or version) < version - 1)
+    for old in stale:
+        await _call(session, "POST", url, "/v1/unload_lora_adapter", {"lora_name": old})
+    return f"load_lora_adapter {name}" + (f", unloaded {', '.join(stale)}" if stale else "")
+
+
+async def _reload_vllm(session: aiohttp.ClientSession, url: str, version: int, uri: str) -> str:
+    steps: list[str] = []
+    # mode=wait is vLLM 0.33's spelling, wait_for_inflight_requests the older one; each
+    # version ignores the other's query parameter.
+    pause = {"mode": "wait", "wait_for_inflight_requests": "true", "clear_cache": "true"}
+    paused = await _call(session, "POST", url, "/pause", params=pause, missing_ok=True)
+    paused_ok = paused is not _MISSING
+    if paused_ok:
+        steps.append("pause")
+    stamped = await _call(session, "POST", url, VERSION_PATH, {"version": None},
+                          missing_ok=True) is not _MISSING
+    try:
+        reloaded = await _call(session, "POST", url, "/collective_rpc",
+                               {"method": "reload_weights", "kwargs": {"weights_path": uri}},
+                               missing_ok=True)
+        if reloaded is _MISSING:
+            raise ApplyError("POST /collective_rpc: not found; start vLLM with "
+                             "VLLM_SERVER_DEV_MODE=1 to reload weights")
+        steps.append("reload_weights")
+        if await _call(session, "POST", url, "/reset_prefix_cache",
+                       missing_ok=True) is not _MISSING:
+            steps.append("reset_prefix_cache")
+        if stamped:
+            # Only after a complete reload: a failed one leaves the stamp cleared, so RUN never
+            # records a version for weights in an unknown state.
+            await _call(session, "POST", url, VERSION_PATH, {"version": version})
+            steps.append(f"stamp v{version}")
+    finally:
+        if paused_ok:
+            await _call(session, "POST", url, "/resume")
+            steps.append("resume")
+    return ", ".join(steps)
+
+
+_MISSING = object()  # an endpoint the server does not have (404)
+
+
+async def _call(session: aiohttp.ClientSession, method: str, url: str, path: str,
+                body: Any = None, *, params: Mapping[str, str] | None = None,
+                missing_ok: bool = False) -> Any:
+    """JSON (or text) of a successful call; `_MISSING` on 404 when `missing_ok`."""
+    async with session.request(method, url + path, json=body, params=params) as response:
+        text = await response.text()
+        if response.status == 404 and missing_ok:
+            return _MISSING
+        if response.status >= 400:
+            raise ApplyError(f"{method} {path}: HTTP {response.status}: {text[:500]}")
+        if response.content_type == "application/json":
+            return await response.json()
+        return text  # vLLM's LoRA endpoints answer plain text
+
+
+# --- the service ------------------------------------------------------------------------------
+
+
+class Controller:
+    """Consumes <p>.policy and keeps every server on the newest version (see module doc)."""
+
+    def __init__(self, settings: config.Settings) -> None:
+        from rollstream import kafka  # confluent-kafka only where the service runs
+
+        self.settings = settings
+        self.consumer = kafka.consumer(settings, f"{settings.prefix}.controller")
+        self.latest: dict | None = None
+        self.applied: dict[str, int] = {}
+        self._stopping = False
+
+    def stop(self) -> None:
+        self._stopping = True
+
+    async def serve(self) -> None:
+        from confluent_kafka import OFFSET_BEGINNING
+
+        from rollstream.codec import DecodeError, codec
+
+        def from_start(consumer: Any, partitions: list) -> None:
+            for tp in partitions:
+                tp.offset = OFFSET_BEGINNING
+            consumer.assign(partitions)
+
+        self.consumer.subscribe([self.settings.topics.policy], on_assign=from_start)
+        timeout = aiohttp.ClientTimeout(total=max(600.0, self.settings.request_timeout_s))
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            next_check = 0.0
+            try:
+                while not self._stopping:
+                    for msg in self.consumer.consume(100, timeout=0):
+                        if msg.error() is not None:
+                            continue
+                        try:
+                            event = codec().decode_as("PolicyVersion", msg.value())
+                        except DecodeError as exc:
+                            log.warning("skipping an undecodable policy event: %s", exc)
+                            continue
+                        if self.latest is None or event["version"] > self.latest["version"]:
+                            self.latest = event
+                            next_check = 0.0  # apply now
+                    now = asyncio.get_running_loop().time()
+                    if self.latest is not None and now >= next_check:
+                        await self.reconcile(session)
+                        next_check = now + self.settings.health_interval_s
+                    await asyncio.sleep(0.1)
+            finally:
+                self.consumer.close()
+
+    async def reconcile(self, session: aiohttp.ClientSession) -> list[Applied]:
+        """Apply the newest version to every listed server that does not report it."""
+        assert self.latest is not None
+        version = self.latest["version"]
+        servers = self.settings.policy_urls()
+        reported = await asyncio.gather(*(current_version(session, u) for u in servers))
+        todo = [u for u, v in zip(servers, reported, strict=True)
+                if v != version and not (v is None and self.applied.get(u) == version)]
+        results = await apply_policy(self.latest, todo, session=session) if todo else []
+        for r in results:
+            if r.ok:
+                self.applied[r.server] = r.version
+        return results
+
+
+def register_cli(sub: Any) -> None:
+    parser = sub.add_parser(
+        "controller", help="apply each policy version on <prefix>.policy to every server",
+        description="Consume <prefix>.policy and load each new PolicyVersion into every "
+                    "inference server in --policy-url / --policy-url-file: LoRA adapters via "
+                    "/v1/load_lora_adapter, full weights via the embedded server's "
+                    "/v1/load_weights or vLLM's dev-mode pause / reload_weights / resume.")
+    config.add_arguments(parser)
+    parser.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    import contextlib
+    import signal
+
+    from rollstream.broker.local import resolve_bootstrap
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    settings = config.load(args)
+    settings = dataclasses.replace(
+        settings, bootstrap_servers=resolve_bootstrap(settings.bootstrap_servers))
+    controller = Controller(settings)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, controller.stop)
+        await controller.serve()
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(main())
+    return 0

@@ -1,0 +1,156 @@
+"""The inference controller: one PolicyVersion applied to every server, per server kind."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from rollstream.controller import Applied, apply_policy, current_version, lora_name
+from rollstream.policy.model import build_model, save
+from rollstream.policy.server import BackgroundServer
+from rollstream.processes import free_port
+from rollstream.vllm_middleware import VERSION_PATH, PolicyVersionMiddleware
+
+
+def policy_event(version: int, uri: str, kind: str = "full") -> dict:
+    return {"version": version, "kind": kind, "uri": uri, "step_id": f"s{version}",
+            "metrics": {}, "created_at_ms": 0}
+
+
+def fake_vllm(calls: list[str], adapters: list[str], failing: str = "") -> web.Application:
+    """vLLM in dev mode with runtime LoRA and the version middleware's endpoint, recording
+    every call in order; the `failing` path answers 500."""
+    app = web.Application()
+
+    async def record(request: web.Request) -> web.Response:
+        body = await request.json() if request.can_read_body else None
+        calls.append(f"{request.method} {request.path} {json.dumps(body)}".strip())
+        if request.path == failing:
+            return web.json_response({"error": {"message": "no such file"}}, status=500)
+        if request.path == "/v1/load_lora_adapter":
+            adapters.append(body["lora_name"])
+            return web.Response(text=f"Success: LoRA adapter '{body['lora_name']}' added.")
+        if request.path == "/v1/unload_lora_adapter":
+            adapters.remove(body["lora_name"])
+        if request.path == "/pause":
+            assert request.query["mode"] == "wait"
+        return web.json_response({})
+
+    async def models(request: web.Request) -> web.Response:
+        cards = [{"id": "Qwen/Qwen3-4B", "owned_by": "vllm", "parent": None}]
+        cards += [{"id": a, "owned_by": "vllm", "parent": "Qwen/Qwen3-4B"} for a in adapters]
+        return web.json_response({"object": "list", "data": cards})
+
+    app.router.add_get("/v1/models", models)
+    for path in ("/pause", "/resume", "/collective_rpc", "/reset_prefix_cache", VERSION_PATH,
+                 "/v1/load_lora_adapter", "/v1/unload_lora_adapter"):
+        app.router.add_post(path, record)
+    return app
+
+
+def against(app: web.Application, body: Callable[[str], Awaitable[Any]]) -> Any:
+    async def main() -> Any:
+        async with TestServer(app, host="127.0.0.1") as server:
+            return await body(str(server.make_url("")).rstrip("/"))
+
+    return asyncio.run(main())
+
+
+def test_full_weights_on_vllm_are_reloaded_inside_pause_and_resume() -> None:
+    calls: list[str] = []
+    app = fake_vllm(calls, [])
+    [result] = against(app, lambda url: apply_policy(policy_event(7, "/ckpt/step-7"), [url]))
+    assert result.ok and result.version == 7, result
+    assert [c.split(" ", 2)[1] for c in calls] == [
+        "/pause", VERSION_PATH, "/collective_rpc", "/reset_prefix_cache", VERSION_PATH, "/resume"]
+    assert calls[1].endswith('{"version": null}') and calls[4].endswith('{"version": 7}')
+    rpc = json.loads(calls[2].split(" ", 2)[2])
+    assert rpc == {"method": "reload_weights", "kwargs": {"weights_path": "/ckpt/step-7"}}
+
+
+def test_failed_reload_still_resumes_and_leaves_no_version_stamp() -> None:
+    calls: list[str] = []
+    app = fake_vllm(calls, [], failing="/collective_rpc")
+    [result] = against(app, lambda url: apply_policy(policy_event(8, "/missing"), [url]))
+    assert not result.ok and "HTTP 500" in result.detail
+    assert [c.split(" ", 2)[1] for c in calls] == [
+        "/pause", VERSION_PATH, "/collective_rpc", "/resume"]
+
+
+def test_lora_is_loaded_by_version_name_and_old_adapters_unloaded() -> None:
+    calls: list[str] = []
+    adapters = [lora_name(1), lora_name(2)]
+    app = fake_vllm(calls, adapters)
+
+    async def apply_and_read(url: str) -> tuple[list[Applied], int | None]:
+        results = await apply_policy(policy_event(3, "/adapters/3", kind="lora"), [url])
+        async with aiohttp.ClientSession() as session:
+            return results, await current_version(session, url)
+
+    [result], version = against(app, apply_and_read)
+    assert result.ok and version == 3
+    assert adapters == [lora_name(2), lora_name(3)]  # the previous one kept for in-flight turns
+    assert json.loads(calls[0].split(" ", 2)[2]) == {"lora_name": lora_name(3),
+                                                     "lora_path": "/adapters/3"}
+
+
+def test_embedded_servers_reload_and_a_dead_one_is_reported(tmp_path: Path) -> None:
+    checkpoint = tmp_path / "policy.safetensors"
+    save(build_model(seed=5), checkpoint, version=5)
+    dead = f"http://127.0.0.1:{free_port()}"
+    with BackgroundServer() as a, BackgroundServer() as b:
+
+        async def main() -> tuple[list[Applied], list[int | None], list[Applied]]:
+            results = await apply_policy(policy_event(5, str(checkpoint)), [a, b, dead])
+            lora = await apply_policy(policy_event(6, "x", kind="lora"), [a])
+            async with aiohttp.ClientSession() as session:
+                versions = [await current_version(session, u) for u in (a, b, dead)]
+            return results, versions, lora
+
+        results, versions, lora = asyncio.run(main())
+    assert [r.ok for r in results] == [True, True, False]
+    assert "ClientConnectorError" in results[2].detail
+    assert versions == [5, 5, None]
+    assert not lora[0].ok and "no LoRA support" in lora[0].detail
+
+
+def test_middleware_stamps_completions_with_the_version_it_was_told() -> None:
+    sent: list[dict] = []
+
+    async def inner(scope: dict, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    async def call(mw: PolicyVersionMiddleware, method: str, path: str,
+                   body: bytes = b"") -> dict:
+        sent.clear()
+
+        async def receive() -> dict:
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        async def send(message: dict) -> None:
+            sent.append(message)
+
+        await mw({"type": "http", "method": method, "path": path}, receive, send)
+        return dict(sent[0].get("headers", []))
+
+    async def main() -> None:
+        mw = PolicyVersionMiddleware(inner)
+        assert (await call(mw, "POST", "/v1/completions"))[b"x-rollstream-policy-version"] == b"0"
+        await call(mw, "POST", VERSION_PATH, b'{"version": null}')
+        assert b"x-rollstream-policy-version" not in await call(mw, "POST", "/v1/completions")
+        await call(mw, "POST", VERSION_PATH, b'{"version": 4}')
+        assert json.loads(sent[1]["body"]) == {"version": 4}
+        assert (await call(mw, "POST", "/v1/completions"))[b"x-rollstream-policy-version"] == b"4"
+        assert b"x-rollstream-policy-version" not in await call(mw, "GET", "/health")
+        await call(mw, "POST", VERSION_PATH, b'{"version": "4"}')
+        assert sent[0]["status"] == 400
+
+    asyncio.run(main())
