@@ -61,12 +61,10 @@ def producer(settings: Settings, transactional_id: str | None = None, **extra: A
 def produce(p: Producer, topic: str, value: bytes | None, key: str | bytes | None = None,
             partition: int | None = None) -> None:
     """Produce, waiting for room when the local queue is full (backpressure, not an error)."""
-    kwargs: dict[str, Any] = {"key": key, "value": value}
-    if partition is not None:
-        kwargs["partition"] = partition
+    part = -1 if partition is None else partition  # -1: let the partitioner choose
     while True:
         try:
-            p.produce(topic, **kwargs)
+            p.produce(topic, value, key, part)
             return
         except BufferError:
             p.poll(0.05)

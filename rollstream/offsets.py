@@ -15,6 +15,7 @@ METADATA_PREFIX = "rs1:"
 # Kafka's default offset.metadata.max.bytes is 4096; stay well below it. A partition whose
 # finished-above-watermark list would not fit is paused until its watermark moves.
 METADATA_BUDGET = 3000
+FAST_BUDGET_CHECK = 256  # offsets; each costs at most ~10 characters of metadata
 
 
 def encode_done(watermark: int, done: list[int]) -> str:
@@ -83,6 +84,16 @@ class PartitionProgress:
             self.watermark = offset
         self._seen[offset] = False
 
+    def passed(self, offset: int) -> None:
+        """Started and finished at once (sync work, skips, dead letters)."""
+        if self._seen:
+            self.started(offset)
+            self.finished(offset)
+            return
+        self._skip.discard(offset)  # nothing in flight: the watermark simply moves past it
+        self.watermark = offset + 1
+        self.dirty = True
+
     def finished(self, offset: int) -> None:
         self._seen[offset] = True
         self._skip.discard(offset)
@@ -104,4 +115,6 @@ class PartitionProgress:
         return encode_done(self.watermark, [o for o in done if o >= self.watermark])
 
     def over_budget(self) -> bool:
+        if len(self._seen) + len(self._skip) < FAST_BUDGET_CHECK:
+            return False  # cannot exceed the budget: even one run per offset fits
         return len(self.metadata()) > METADATA_BUDGET

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 import logging
 import signal
@@ -39,23 +40,27 @@ from rollstream.offsets import PartitionProgress, decode_done
 
 log = logging.getLogger("rollstream.runtime")
 
+MAX_BATCH = 500  # events taken from the consumer per loop iteration
+IDLE_COMMIT_MS = 20  # earliest commit after the last one when no more input is waiting
+
 
 class InvalidEvent(ValueError):
     """A decodable event this stage cannot accept; it goes to the dead-letter topic."""
 
 
-@dataclass
+@dataclass(slots=True)
 class Output:
-    """One record to produce. value None with record None is a tombstone (compacted topics)."""
+    """One record to produce: a dict encoded as `record`, bytes sent as they are (a stage that
+    forwards events unchanged), or None, a tombstone (compacted topics)."""
 
     topic: str
     key: str | bytes
     record: str | None
-    value: dict | None
+    value: dict | bytes | None
     partition: int | None = None
 
 
-@dataclass
+@dataclass(slots=True)
 class EventContext:
     """Where the event came from, and a way to produce before the event is finished."""
 
@@ -82,7 +87,9 @@ class Stage(ABC):
     """What a stage does with one event. Subclasses say nothing about Kafka."""
 
     name: ClassVar[str]
-    input_record: ClassVar[str]
+    # The schema input events must have; None hands `handle` the raw bytes (a forwarding stage
+    # that needs no decode; the Avro header is still checked).
+    input_record: ClassVar[str | None]
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -100,6 +107,12 @@ class Stage(ABC):
 
     def on_revoke(self, partitions: list[int]) -> None:
         """Partitions this process no longer owns."""
+
+    def capacity(self) -> int | None:
+        """How many more events this stage can start now, beyond those in flight (e.g. RUN:
+        room left on its inference servers); None: no limit of its own. At 0 the runtime
+        pauses the partitions, as at max_in_flight."""
+        return None
 
     async def start(self) -> None:
         """Open resources (HTTP sessions, sandboxes) inside the event loop."""
@@ -120,11 +133,16 @@ class StageRuntime:
         self.codec = codec()
         self.stats: Counter[str] = Counter()
         self._async = inspect.iscoroutinefunction(stage.handle)
+        record = stage.input_record
+        self._decode: Callable[[bytes | None], Any] = (
+            self.codec.check_header if record is None
+            else functools.partial(self.codec.decode_as, record))
         self._progress: dict[int, PartitionProgress] = {}
         self._tasks: dict[asyncio.Task, tuple[int, Message]] = {}
         self._paused: set[int] = set()
         self._in_txn = False
         self._stopping = False
+        self._idle = True
         self._last_commit = time.monotonic()
         self._last_report = time.monotonic()
 
@@ -162,14 +180,26 @@ class StageRuntime:
     # -- the loop ----------------------------------------------------------------------------
 
     def _poll(self) -> None:
-        free = self.settings.max_in_flight - len(self._tasks)
+        # Async work is bounded by max_in_flight; a sync handler finishes each event at once,
+        # so its batch is only bounded by what one loop iteration should take.
+        free = (self.settings.max_in_flight - len(self._tasks)) if self._async else MAX_BATCH
+        room = self.stage.capacity()
+        if room is not None:
+            free = min(free, room)
         self._apply_backpressure(free)
         if free <= 0:
             self.consumer.poll(0)  # keep the group session alive while paused
             return
-        # Block only when nothing is in flight; otherwise in-flight work needs the loop.
-        timeout = 0.05 if not self._tasks else 0
-        for msg in self.consumer.consume(min(free, 500), timeout=timeout):
+        # Block only when nothing is in flight (in-flight work needs the loop), and only for the
+        # first event: consume(n, timeout) would wait out the timeout whenever fewer than n wait.
+        first = self.consumer.poll(0.05 if not self._tasks else 0)
+        if first is None:
+            self._idle = True
+            return
+        limit = min(free, MAX_BATCH)
+        msgs = [first, *self.consumer.consume(limit - 1, timeout=0)] if limit > 1 else [first]
+        self._idle = len(msgs) < limit
+        for msg in msgs:
             self._dispatch(msg)
 
     async def _wait(self) -> None:
@@ -201,23 +231,25 @@ class StageRuntime:
         progress = self._progress.get(part)
         if progress is None:
             return  # revoked between fetch and dispatch
-        progress.started(offset)
         if progress.should_skip(offset):
             self.stats["skipped"] += 1
-            progress.finished(offset)
+            progress.passed(offset)
             return
         try:
-            event = self.codec.decode_as(self.stage.input_record, msg.value())
+            event = self._decode(msg.value())
         except DecodeError as exc:
             self._finish(msg, [], dead_letter=f"undecodable: {exc}")
+            progress.passed(offset)
             return
         ctx = EventContext(part, offset, self._emit)
         if self._async:
+            progress.started(offset)
             task = asyncio.ensure_future(self._call(event, ctx))
             self._tasks[task] = (part, msg)
         else:
             outputs, reason = self._call_sync(event, ctx)
             self._finish(msg, outputs, dead_letter=reason)
+            progress.passed(offset)
 
     def _call_sync(self, event: dict, ctx: EventContext) -> tuple[list[Output], str | None]:
         try:
@@ -246,20 +278,23 @@ class StageRuntime:
                 continue
             outputs, reason = task.result()
             self._finish(msg, outputs, dead_letter=reason)
+            self._progress[part].finished(msg.offset())
 
     def _finish(self, msg: Message, outputs: list[Output], dead_letter: str | None) -> None:
+        """Produce an event's outputs (the caller then marks its offset finished)."""
         if dead_letter is not None:
             self._send_dead_letter(msg, dead_letter)
         for out in outputs:
             self._emit(out)
         self.stats["processed"] += 1
-        self._progress[msg.partition()].finished(msg.offset())
 
     def _emit(self, out: Output) -> None:
-        self._ensure_txn()
-        value = None if out.value is None else self.codec.encode(out.record, out.value)
-        kafka.produce(self.producer, out.topic, value, key=out.key, partition=out.partition)
-        self.stats[f"out:{out.topic}"] += 1
+        if not self._in_txn:
+            self._ensure_txn()
+        value = out.value
+        if isinstance(value, dict):
+            value = self.codec.encode(out.record, value)
+        kafka.produce(self.producer, out.topic, value, out.key, out.partition)
 
     def _send_dead_letter(self, msg: Message, reason: str) -> None:
         log.warning("stage %s: dead-letter %s[%d]@%d: %s", self.stage.name, msg.topic(),
@@ -276,7 +311,11 @@ class StageRuntime:
 
     def _maybe_commit(self) -> None:
         now = time.monotonic()
-        if (now - self._last_commit) * 1000 >= self.settings.commit_interval_ms:
+        elapsed_ms = (now - self._last_commit) * 1000
+        # Under load, one transaction per interval; when the input runs dry, commit soon so
+        # downstream sees results without waiting out the interval.
+        if elapsed_ms >= self.settings.commit_interval_ms or (
+                self._idle and elapsed_ms >= IDLE_COMMIT_MS):
             self._commit()
             self._last_commit = now
         if now - self._last_report >= 10:
