@@ -17,6 +17,7 @@ FEATURE_MODULES = [
     "rollstream.controller",
     "producers.cli",
     "rollstream.envs.cli",
+    "rollstream.sandbox.cli",
     "rollstream.demo",
 ]
 

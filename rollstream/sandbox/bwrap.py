@@ -1,0 +1,360 @@
+"""bubblewrap sandboxes: a private workspace directory and a fresh set of namespaces per command.
+
+Every `exec` is one `bwrap` run: new pid, network, ipc and uts namespaces (no network at all,
+not even a route), a read-only view of the system (/usr, a few /etc files, the project's Python),
+the episode's workspace at /testbed and its private /tmp as the only writable places. Limits are
+rlimits set inside the sandbox by prlimit: address space (memory), processes, file size, open
+files. When the command ends or times out, bwrap's pid 1 dies and the kernel kills every process
+left in the namespace: nothing outlives a command, and nothing outlives the owning process
+(--die-with-parent).
+
+Run as root, bwrap keeps no user namespace and the command drops to a uid of its own (a
+different one per live sandbox): a root process is exempt from the process limit, and distinct
+uids keep one sandbox's fork bomb from using up another's limit. Run as another user, bwrap
+makes a user namespace, whose process count the kernel keeps per sandbox.
+
+The workspace lives on the host under the sandbox root (see leases.py), so a sandbox is just a
+directory with a lease: cheap to create (no image), and swept when its owner is gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import sys
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from rollstream.sandbox.base import (
+    Backend,
+    ExecResult,
+    Sandbox,
+    SandboxError,
+    SandboxSpec,
+    shell_argv,
+    tar_files,
+)
+from rollstream.sandbox.capture import HeadTail
+from rollstream.sandbox.leases import Lease, Owner, UidPool, read_lease, sandbox_root, write_lease
+
+MARKER = "ROLLSTREAM_SANDBOX_ID"  # set in every sandboxed process: finds leftovers
+UIDS_ENV = "ROLLSTREAM_SANDBOX_UIDS"  # "FIRST-LAST": uids for sandboxes of a root owner
+DEFAULT_UIDS = (1_000_000, 1_065_535)
+REAP_INTERVAL_S = 30.0
+# Read-only system files a shell, git and Python need; secrets (shadow) are not among them.
+ETC_FILES = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "localtime",
+             "passwd", "group", "nsswitch.conf", "gitconfig", "mime.types")
+TOP_LEVEL = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
+
+
+def python_paths() -> list[str]:
+    """Folders that hold the project's Python (the virtualenv and the interpreter it is based
+    on), so code in the sandbox runs with the same Python and packages (pytest) as the host."""
+    found: list[str] = []
+    for path in (sys.prefix, sys.base_prefix, str(Path(sys.executable).resolve().parent.parent)):
+        path = os.path.realpath(path)
+        if not any(path == p or path.startswith(p + "/") for p in ("/usr", *found)):
+            found.append(path)
+    return found
+
+
+def _parents(path: str) -> list[str]:
+    parts = Path(path).parts[1:-1]
+    return ["/" + "/".join(parts[: i + 1]) for i in range(len(parts))]
+
+
+def _mount_args(workspace: Path, tmp: Path, workdir: str) -> list[str]:
+    args = ["--ro-bind", "/usr", "/usr"]
+    for name in TOP_LEVEL:
+        host = Path("/") / name
+        if host.is_symlink():
+            args += ["--symlink", os.readlink(host), f"/{name}"]
+        elif host.is_dir():
+            args += ["--ro-bind", str(host), f"/{name}"]
+    args += ["--perms", "0755", "--dir", "/etc"]  # bwrap would make it 0700
+    for name in ETC_FILES:
+        args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
+    made: set[str] = set()
+    for path in python_paths():
+        # bwrap creates missing parents as 0700; the sandbox uid must be able to pass them.
+        for parent in _parents(path):
+            if parent not in made:
+                made.add(parent)
+                args += ["--perms", "0755", "--dir", parent]
+        args += ["--ro-bind", path, path]
+    args += ["--dev", "/dev", "--proc", "/proc",
+             "--bind", str(workspace), workdir, "--bind", str(tmp), "/tmp",
+             "--remount-ro", "/"]  # the rest of the tree: nothing else is writable
+    return args
+
+
+def _env_args(sandbox_id: str) -> list[str]:
+    bin_dir = str(Path(sys.prefix) / "bin")
+    env = {
+        "PATH": f"{bin_dir}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "HOME": "/tmp",
+        "TMPDIR": "/tmp",
+        "LANG": "C.UTF-8",
+        "TERM": "dumb",
+        "PAGER": "cat",
+        "GIT_PAGER": "cat",
+        "PYTHONDONTWRITEBYTECODE": "1",  # no __pycache__ in the workspace's diff
+        "PYTHONUNBUFFERED": "1",
+        MARKER: sandbox_id,
+    }
+    args = ["--clearenv"]
+    for key, value in env.items():
+        args += ["--setenv", key, value]
+    return args
+
+
+def _uid_range() -> tuple[int, int]:
+    text = os.environ.get(UIDS_ENV)
+    if not text:
+        return DEFAULT_UIDS
+    try:
+        first, last = (int(x) for x in text.split("-"))
+    except ValueError:
+        raise SandboxError(
+            f"{UIDS_ENV}={text!r}: expected FIRST-LAST, e.g. 1000000-1065535") from None
+    return first, last
+
+
+def available() -> str | None:
+    """None when bwrap sandboxes can run here, else the reason they cannot."""
+    for tool in ("bwrap", "prlimit", *(("setpriv",) if os.geteuid() == 0 else ())):
+        if shutil.which(tool) is None:
+            return (f"{tool} is not installed (bubblewrap sandboxes need bwrap, prlimit and, "
+                    "as root, setpriv; `make deps` installs bubblewrap)")
+    return None
+
+
+def sandbox_processes() -> dict[int, str]:
+    """Live processes of any bwrap sandbox on this host: pid -> sandbox id (from the marker in
+    their environment, or in bwrap's own command line)."""
+    found: dict[int, str] = {}
+    needle = MARKER.encode()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        for name in ("environ", "cmdline"):
+            try:
+                data = Path(entry.path, name).read_bytes()
+            except OSError:
+                continue
+            fields = data.split(b"\0")
+            for i, value in enumerate(fields):
+                if value.startswith(needle + b"="):
+                    found[int(entry.name)] = value[len(needle) + 1:].decode(errors="replace")
+                elif value == needle and i + 1 < len(fields):  # bwrap's --setenv NAME VALUE
+                    found[int(entry.name)] = fields[i + 1].decode(errors="replace")
+            if int(entry.name) in found:
+                break
+    return found
+
+
+class BwrapSandbox(Sandbox):
+    backend = "bwrap"
+
+    def __init__(self, sandbox_id: str, spec: SandboxSpec, directory: Path,
+                 uid: int | None, on_destroy: BwrapBackend) -> None:
+        super().__init__(sandbox_id, spec)
+        self.directory = directory
+        self.uid = uid
+        self._backend = on_destroy
+        self._prefix = self._command_prefix()
+
+    def _command_prefix(self) -> list[str]:
+        limits = self.spec.limits
+        argv = ["bwrap", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
+                "--unshare-cgroup-try", "--die-with-parent", "--new-session",
+                "--hostname", "sandbox"]
+        if self.uid is None:
+            argv += ["--unshare-user", "--disable-userns"]
+        argv += _mount_args(self.directory / "workspace", self.directory / "tmp",
+                            self.spec.workdir)
+        argv += _env_args(self.id)
+        argv += ["--json-status-fd", "{status_fd}", "--chdir", "{cwd}", "--"]
+        if self.uid is not None:
+            argv += ["setpriv", f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups",
+                     "--no-new-privs", "--"]
+        mb = 1 << 20
+        argv += ["prlimit", f"--as={limits.memory_mb * mb}", f"--nproc={limits.max_processes}",
+                 f"--fsize={limits.file_size_mb * mb}", f"--nofile={limits.open_files}",
+                 "--core=0", "--"]
+        return argv
+
+    async def exec(
+        self,
+        command: str | Sequence[str],
+        *,
+        timeout_s: float | None = None,
+        stdin: bytes | None = None,
+        output_bytes: int | None = None,
+        cwd: str | None = None,
+    ) -> ExecResult:
+        if self.closed:
+            raise SandboxError(f"sandbox {self.id} was destroyed")
+        if not self.directory.is_dir():
+            raise SandboxError(f"sandbox {self.id}: its directory {self.directory} is gone")
+        limits = self.spec.limits
+        timeout = limits.timeout_s if timeout_s is None else timeout_s
+        capture = HeadTail(output_bytes or limits.output_bytes)
+        status_r, status_w = os.pipe()
+        argv = [a.replace("{status_fd}", str(status_w)).replace("{cwd}", cwd or self.workdir)
+                for a in self._prefix] + shell_argv(command)
+        started = time.perf_counter()
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv, stdin=asyncio.subprocess.PIPE if stdin is not None else
+                asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT, pass_fds=(status_w,))
+        except OSError as exc:
+            os.close(status_r)
+            raise SandboxError(f"cannot start bwrap: {exc}") from exc
+        finally:
+            os.close(status_w)
+        timed_out = False
+        try:
+            await asyncio.wait_for(self._communicate(proc, stdin, capture), timeout)
+        except TimeoutError:
+            timed_out = True
+        finally:
+            if proc.returncode is None:
+                # Killing bwrap kills its pid 1 (--die-with-parent), which takes the namespace.
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+                await proc.wait()
+            status = await asyncio.to_thread(_read_all, status_r)
+        duration = time.perf_counter() - started
+        if not timed_out and b'"child-pid"' not in status:
+            raise SandboxError(f"sandbox {self.id} failed to start: "
+                               f"{capture.value().decode(errors='replace').strip()}")
+        code = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
+        return ExecResult(_exit_code(status, code), capture.value(), timed_out, capture.dropped,
+                          duration)
+
+    @staticmethod
+    async def _communicate(proc: asyncio.subprocess.Process, stdin: bytes | None,
+                           capture: HeadTail) -> None:
+        assert proc.stdout is not None
+        if stdin is not None:
+            assert proc.stdin is not None
+            proc.stdin.write(stdin)
+            with contextlib.suppress(ConnectionError):  # the command need not read it all
+                await proc.stdin.drain()
+            proc.stdin.close()
+        while chunk := await proc.stdout.read(1 << 16):
+            capture.feed(chunk)
+        await proc.wait()
+
+    async def write_files(self, files: Mapping[str, bytes]) -> None:
+        result = await self.exec(["tar", "-x", "-C", "/", "--no-same-owner", "-f", "-"],
+                                 stdin=tar_files(files), timeout_s=60)
+        if not result.ok:
+            raise OSError(f"cannot write {', '.join(files)}: {result.text.strip()}")
+
+    async def destroy(self) -> None:
+        if not self.closed:
+            self.closed = True
+            await asyncio.to_thread(self._backend.remove, self.id)
+
+
+def _read_all(fd: int) -> bytes:
+    chunks = []
+    try:
+        while chunk := os.read(fd, 4096):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(chunks)
+
+
+def _exit_code(status: bytes, fallback: int) -> int:
+    """The command's exit code from bwrap's JSON status lines (bwrap's own code otherwise)."""
+    for line in status.splitlines():
+        with contextlib.suppress(ValueError):
+            doc = json.loads(line)
+            if "exit-code" in doc:
+                return int(doc["exit-code"])
+    return fallback
+
+
+class BwrapBackend(Backend):
+    name = "bwrap"
+
+    def __init__(self, root: Path | None = None) -> None:
+        self.root = root or sandbox_root()
+        self.as_root = os.geteuid() == 0
+        self._uids: UidPool | None = None
+        self._last_reap = 0.0
+
+    @property
+    def uids(self) -> UidPool:
+        if self._uids is None:
+            first, last = _uid_range()
+            self._uids = UidPool(self.root, first, last - first + 1)
+        return self._uids
+
+    async def create(self, spec: SandboxSpec) -> BwrapSandbox:
+        if spec.image is not None:
+            raise SandboxError(f"bwrap sandboxes cannot run the image {spec.image!r}; "
+                               "use the docker backend (ROLLSTREAM_SANDBOX=docker)")
+        reason = available()
+        if reason is not None:
+            raise SandboxError(reason)
+        if time.monotonic() - self._last_reap > REAP_INTERVAL_S:
+            self._last_reap = time.monotonic()
+            await asyncio.to_thread(self.reap)
+        return await asyncio.to_thread(self._create, spec)
+
+    def _create(self, spec: SandboxSpec) -> BwrapSandbox:
+        sandbox_id = f"bw-{uuid.uuid4().hex[:16]}"
+        directory = self.root / sandbox_id
+        lease = Lease(sandbox_id, self.name, Owner.current().label(), labels=dict(spec.labels))
+        try:
+            directory.mkdir(mode=0o711)
+            (directory / "workspace").mkdir()
+            (directory / "tmp").mkdir()
+            write_lease(directory, lease)  # before the uid: a claim always has its lease
+            if self.as_root:
+                lease.uid = self.uids.claim(sandbox_id)
+                write_lease(directory, lease)
+                for sub in ("workspace", "tmp"):
+                    os.chown(directory / sub, lease.uid, lease.uid)
+        except (OSError, RuntimeError) as exc:
+            self.remove(sandbox_id)
+            raise SandboxError(f"cannot create sandbox under {self.root}: {exc}") from exc
+        return BwrapSandbox(sandbox_id, spec, directory, lease.uid, self)
+
+    def leases(self) -> list[Lease]:
+        found = []
+        for directory in sorted(self.root.glob("bw-*")):
+            lease = read_lease(directory)
+            # A directory without a readable lease is one being created or being removed.
+            if lease is not None:
+                found.append(lease)
+        return found
+
+    def remove(self, sandbox_id: str) -> None:
+        """Kill whatever still runs in the sandbox, then delete its directory and uid."""
+        directory = self.root / sandbox_id
+        lease = read_lease(directory)
+        for pid, owner in sandbox_processes().items():
+            if owner == sandbox_id:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, 9)
+        shutil.rmtree(directory, ignore_errors=True)
+        if lease is not None and lease.uid is not None:
+            self.uids.release(lease.uid)
+
+    def reap(self, older_than_s: float | None = None, everything: bool = False) -> list[Lease]:
+        reaped = super().reap(older_than_s, everything)
+        if self.as_root and (self.root / ".uids").is_dir():
+            self.uids.release_orphans({p.name for p in self.root.glob("bw-*")})
+        return reaped

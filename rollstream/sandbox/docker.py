@@ -1,0 +1,199 @@
+"""Docker sandboxes: one container per episode from the task's image (SWE-bench style images
+hold the repository at /testbed), removed when the episode is done.
+
+The container runs `sleep infinity` under an init, with no network, capped memory (swap
+included), CPU and pids, every capability dropped and no-new-privileges. `docker exec` has no
+timeout, so each command runs under `timeout -s KILL`, which kills the command's whole process
+group; a host-side deadline on top catches a wedged engine (then the sandbox is an infra
+failure). Output is streamed and capped as for bwrap. Labels record the owner (see leases.py)
+so `rollstream sandbox sweep` can remove containers left by a process that died.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import os
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from rollstream.sandbox.base import (
+    Backend,
+    ExecResult,
+    Sandbox,
+    SandboxError,
+    SandboxSpec,
+    shell_argv,
+    tar_files,
+)
+from rollstream.sandbox.capture import HeadTail
+from rollstream.sandbox.leases import Lease, Owner
+
+IMAGE_ENV = "ROLLSTREAM_SANDBOX_IMAGE"
+# For tasks without an image of their own (the shipped snapshots): needs bash, git and pytest.
+DEFAULT_IMAGE = "python:3.11"
+LABEL = "rollstream.sandbox"
+OWNER_LABEL = "rollstream.owner"
+CREATED_LABEL = "rollstream.created"
+LABEL_PREFIX = "rollstream.label."
+ENGINE_GRACE_S = 30.0  # past the command's own timeout: the engine itself is stuck
+
+
+def _errors() -> tuple[type[BaseException], ...]:
+    import docker.errors
+
+    return (docker.errors.DockerException, OSError)
+
+
+def available() -> str | None:
+    """None when a Docker engine answers, else why not."""
+    try:
+        import docker
+
+        docker.from_env().ping()
+    except Exception as exc:  # no SDK, no socket, no permission, engine down: all "no Docker"
+        return f"no Docker engine reachable ({type(exc).__name__}: {exc})"
+    return None
+
+
+class DockerSandbox(Sandbox):
+    backend = "docker"
+
+    def __init__(self, sandbox_id: str, spec: SandboxSpec, client: Any, container: Any) -> None:
+        super().__init__(sandbox_id, spec)
+        self.client = client
+        self.container = container
+
+    async def exec(
+        self,
+        command: str | Sequence[str],
+        *,
+        timeout_s: float | None = None,
+        stdin: bytes | None = None,
+        output_bytes: int | None = None,
+        cwd: str | None = None,
+    ) -> ExecResult:
+        if self.closed:
+            raise SandboxError(f"sandbox {self.id} was destroyed")
+        limits = self.spec.limits
+        timeout = limits.timeout_s if timeout_s is None else timeout_s
+        argv = shell_argv(command)
+        stdin_path = None
+        if stdin is not None:  # docker-py has no plain stdin for exec: go through a file
+            stdin_path = f"/tmp/.rollstream-stdin-{uuid.uuid4().hex}"
+            await self.write_files({stdin_path: stdin})
+            argv = ["bash", "-c", 'f=$1; shift; "$@" < "$f"; s=$?; rm -f "$f"; exit $s',
+                    "stdin", stdin_path, *argv]
+        argv = ["timeout", "-s", "KILL", str(math.ceil(timeout)), *argv]
+        capture = HeadTail(output_bytes or limits.output_bytes)
+        started = time.perf_counter()
+        try:
+            code = await asyncio.wait_for(
+                asyncio.to_thread(self._run, argv, cwd or self.workdir, capture),
+                timeout + ENGINE_GRACE_S)
+        except TimeoutError:
+            await self.destroy()
+            raise SandboxError(f"sandbox {self.id}: the engine did not end a command "
+                               f"{ENGINE_GRACE_S:.0f} s after its timeout") from None
+        except _errors() as exc:
+            raise SandboxError(f"sandbox {self.id}: {type(exc).__name__}: {exc}") from exc
+        duration = time.perf_counter() - started
+        # 137 is also an OOM kill; only a kill at the deadline is a timeout.
+        timed_out = code == 137 and duration >= timeout - 0.05
+        return ExecResult(code, capture.value(), timed_out, capture.dropped, duration)
+
+    def _run(self, argv: list[str], cwd: str, capture: HeadTail) -> int:
+        api = self.client.api
+        exec_id = api.exec_create(self.container.id, argv, workdir=cwd, stdout=True,
+                                  stderr=True, stdin=False, tty=False)["Id"]
+        for chunk in api.exec_start(exec_id, stream=True, demux=False):
+            capture.feed(chunk)
+        return int(api.exec_inspect(exec_id)["ExitCode"])
+
+    async def write_files(self, files: Mapping[str, bytes]) -> None:
+        try:
+            ok = await asyncio.to_thread(self.container.put_archive, "/", tar_files(files))
+        except _errors() as exc:
+            raise SandboxError(f"sandbox {self.id}: cannot write files: {exc}") from exc
+        if not ok:
+            raise OSError(f"cannot write {', '.join(files)}")
+
+    async def destroy(self) -> None:
+        if not self.closed:
+            self.closed = True
+            await asyncio.to_thread(DockerBackend.remove_container, self.container)
+
+
+class DockerBackend(Backend):
+    name = "docker"
+
+    def __init__(self, client: Any = None) -> None:
+        self._client = client
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            import docker
+
+            try:
+                self._client = docker.from_env()
+            except docker.errors.DockerException as exc:
+                raise SandboxError(f"no Docker engine reachable: {exc}") from exc
+        return self._client
+
+    async def create(self, spec: SandboxSpec) -> DockerSandbox:
+        return await asyncio.to_thread(self._create, spec)
+
+    def _create(self, spec: SandboxSpec) -> DockerSandbox:
+        from docker.types import Ulimit
+
+        sandbox_id = f"dk-{uuid.uuid4().hex[:16]}"
+        limits = spec.limits
+        image = spec.image or os.environ.get(IMAGE_ENV, DEFAULT_IMAGE)
+        labels = {LABEL: sandbox_id, OWNER_LABEL: Owner.current().label(),
+                  CREATED_LABEL: f"{time.time():.3f}",
+                  **{LABEL_PREFIX + k: v for k, v in spec.labels.items()}}
+        file_size = limits.file_size_mb << 20
+        try:
+            container = self.client.containers.run(
+                image, ["sleep", "infinity"], detach=True, init=True, labels=labels,
+                network_disabled=True, network_mode="none",
+                mem_limit=f"{limits.memory_mb}m", memswap_limit=f"{limits.memory_mb}m",
+                nano_cpus=int(limits.cpus * 1e9), pids_limit=limits.max_processes,
+                cap_drop=["ALL"], security_opt=["no-new-privileges"],
+                ulimits=[Ulimit(name="fsize", soft=file_size, hard=file_size),
+                         Ulimit(name="nofile", soft=limits.open_files, hard=limits.open_files)],
+                working_dir=spec.workdir, name=f"rollstream-{sandbox_id}")
+        except _errors() as exc:
+            raise SandboxError(f"cannot start a container from {image!r}: {exc}") from exc
+        return DockerSandbox(sandbox_id, spec, self.client, container)
+
+    def _containers(self) -> list[Any]:
+        return self.client.containers.list(all=True, filters={"label": LABEL})
+
+    def leases(self) -> list[Lease]:
+        found = []
+        for container in self._containers():
+            labels = container.labels
+            found.append(Lease(
+                labels[LABEL], self.name, labels.get(OWNER_LABEL, ""),
+                float(labels.get(CREATED_LABEL, "0") or 0),
+                {k[len(LABEL_PREFIX):]: v for k, v in labels.items()
+                 if k.startswith(LABEL_PREFIX)}))
+        return found
+
+    @staticmethod
+    def remove_container(container: Any) -> None:
+        import docker.errors
+
+        with contextlib.suppress(docker.errors.NotFound):  # already gone: as wanted
+            container.remove(force=True)
+
+    def remove(self, sandbox_id: str) -> None:
+        for container in self.client.containers.list(
+                all=True, filters={"label": f"{LABEL}={sandbox_id}"}):
+            self.remove_container(container)
+

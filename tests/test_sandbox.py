@@ -1,0 +1,238 @@
+"""bwrap sandboxes: isolation (the escape suite), limits, output cap, timeouts, leases.
+
+Every test runs under the `sandbox_root` fixture, which fails it if a sandbox directory or a
+sandboxed process outlives it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from rollstream.sandbox import Limits, SandboxError, SandboxSpec
+from rollstream.sandbox.bwrap import BwrapBackend, BwrapSandbox, sandbox_processes
+from tests.sandbox_helpers import live_sandboxes, needs_bwrap, sandbox_root
+
+__all__ = ["sandbox_root"]  # the fixture, imported for pytest
+
+pytestmark = needs_bwrap
+
+LIMITS = Limits(memory_mb=512, max_processes=64, file_size_mb=16, output_bytes=4096,
+                timeout_s=10)
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+async def _with_sandbox(root: Path, body, limits: Limits = LIMITS):
+    backend = BwrapBackend(root)
+    sandbox = await backend.create(SandboxSpec(limits=limits))
+    try:
+        return await body(sandbox)
+    finally:
+        await sandbox.destroy()
+
+
+def in_sandbox(root: Path, command: str, **kwargs):
+    async def body(sandbox: BwrapSandbox):
+        return await sandbox.exec(command, **kwargs)
+    return run(_with_sandbox(root, body))
+
+
+# -- the escape suite --------------------------------------------------------------------------
+
+def test_files_outside_the_workspace_are_out_of_reach(sandbox_root: Path, tmp_path: Path) -> None:
+    secret = tmp_path / "secret.txt"
+    secret.write_text("s3cret")
+    project = Path(__file__).resolve().parent.parent / "README.md"
+    result = in_sandbox(sandbox_root, f"cat {secret}; cat {project}; cat /etc/shadow; "
+                                      "ls /root; echo x > /usr/evil; echo x > /etc/evil; "
+                                      "ls /tmp; echo done")
+    assert "s3cret" not in result.text
+    assert "Rollstream" not in result.text  # the project's own files are not mounted
+    for expected in (f"{secret}: No such file", f"{project}: No such file",
+                     "/etc/shadow: No such file", "/usr/evil: Read-only file system",
+                     "/etc/evil: Read-only file system"):
+        assert expected in result.text
+    assert result.text.rstrip().endswith("done")
+    assert not Path("/usr/evil").exists()
+
+
+def test_the_network_is_unreachable(sandbox_root: Path) -> None:
+    # A server on the host's loopback: the sandbox has its own, empty network namespace.
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        probe = textwrap.dedent(f"""
+            import socket
+            print("interfaces", [name for _, name in socket.if_nameindex()])
+            try:
+                socket.create_connection(("127.0.0.1", {port}), timeout=3)
+                print("connected")
+            except OSError as exc:
+                print("refused", type(exc).__name__)
+        """)
+        result = in_sandbox(sandbox_root, f"python -c '{probe}'")
+    assert "connected" not in result.text
+    assert "refused ConnectionRefusedError" in result.text
+    assert "interfaces ['lo']" in result.text
+
+
+def test_a_fork_bomb_hits_the_process_limit_and_leaves_nothing(sandbox_root: Path) -> None:
+    started = time.monotonic()
+    result = in_sandbox(sandbox_root, ":(){ :|:& };:; echo survived", timeout_s=5)
+    assert time.monotonic() - started < 15
+    assert "Resource temporarily unavailable" in result.text
+    assert not sandbox_processes()
+
+
+def test_allocating_past_the_memory_limit_fails_in_the_sandbox(sandbox_root: Path) -> None:
+    result = in_sandbox(sandbox_root, "python -c 'bytearray(1 << 30)'")
+    assert result.exit_code == 1 and not result.timed_out
+    assert "MemoryError" in result.text
+
+
+def test_100_mb_of_output_is_capped_head_and_tail(sandbox_root: Path) -> None:
+    result = in_sandbox(sandbox_root, "echo START; head -c 100000000 /dev/zero | tr '\\0' x; "
+                                      "echo; echo END")
+    assert result.ok
+    assert len(result.output) < LIMITS.output_bytes + 100
+    assert result.output.startswith(b"START\nxxx") and result.output.endswith(b"xxx\nEND\n")
+    assert result.omitted_bytes > 99_000_000
+    assert b"bytes of output omitted" in result.output
+
+
+def test_sleeping_past_the_timeout_kills_the_whole_tree(sandbox_root: Path) -> None:
+    result = in_sandbox(sandbox_root, "sleep 300 & setsid sleep 300 & sleep 300", timeout_s=1)
+    assert result.timed_out and result.exit_code == 128 + signal.SIGKILL
+    assert result.duration_s < 5
+    assert not sandbox_processes()
+
+
+def test_writing_past_the_file_size_limit_fails(sandbox_root: Path) -> None:
+    result = in_sandbox(sandbox_root, "head -c 40000000 /dev/zero > big; echo rc=$?; "
+                                      "stat -c %s big")
+    assert "rc=153" in result.text or "File too large" in result.text  # SIGXFSZ, or EFBIG
+    assert int(result.text.split()[-1]) <= LIMITS.file_size_mb << 20
+
+
+# -- what tools rely on ------------------------------------------------------------------------
+
+def test_workspace_persists_across_commands_but_processes_do_not(sandbox_root: Path) -> None:
+    async def body(sandbox: BwrapSandbox):
+        await sandbox.exec("echo kept > note.txt; mkdir -p /tmp/t && echo t > /tmp/t/x; "
+                           "(sleep 300 &)")
+        assert not sandbox_processes()  # the background sleep died with the command
+        second = await sandbox.exec("cat note.txt /tmp/t/x; pwd")
+        assert second.text.split() == ["kept", "t", "/testbed"]
+        await sandbox.write_files({"/testbed/pkg/a.py": b"x = 1\n"})
+        assert await sandbox.read_file("/testbed/pkg/a.py", 100) == b"x = 1\n"
+        with pytest.raises(FileNotFoundError):
+            await sandbox.read_file("/testbed/missing.py", 100)
+        with pytest.raises(IsADirectoryError):
+            await sandbox.read_file("/testbed/pkg", 100)
+        with pytest.raises(ValueError, match="more than 3"):
+            await sandbox.read_file("/testbed/pkg/a.py", 3)
+        piped = await sandbox.exec("wc -c", stdin=b"12345")
+        assert piped.text.strip() == "5"
+    run(_with_sandbox(sandbox_root, body))
+
+
+def test_the_sandbox_runs_the_projects_python_and_pytest(sandbox_root: Path) -> None:
+    result = in_sandbox(sandbox_root, "python -c 'import sys, pytest; print(sys.prefix)'")
+    assert result.ok, result.text
+    assert result.text.strip() == sys.prefix
+
+
+def test_a_destroyed_sandbox_is_an_infra_error(sandbox_root: Path) -> None:
+    async def body():
+        sandbox = await BwrapBackend(sandbox_root).create(SandboxSpec(limits=LIMITS))
+        await sandbox.destroy()
+        with pytest.raises(SandboxError, match="destroyed"):
+            await sandbox.exec("true")
+    run(body())
+
+
+def test_a_command_cannot_fake_an_infra_failure(sandbox_root: Path) -> None:
+    # bwrap's own setup errors look like this; only bwrap's status channel decides.
+    result = in_sandbox(sandbox_root, "echo 'bwrap: Can not mount'; exit 1")
+    assert result.exit_code == 1
+
+
+# -- leases ------------------------------------------------------------------------------------
+
+OWNER = """
+import asyncio
+from rollstream.sandbox import SandboxSpec
+from rollstream.sandbox.bwrap import BwrapBackend
+
+async def main():
+    sandbox = await BwrapBackend().create(SandboxSpec())
+    print(sandbox.id, flush=True)
+    await sandbox.exec("sleep 300")
+
+asyncio.run(main())
+"""
+
+
+def test_a_sandbox_whose_owner_died_is_reaped_and_a_live_ones_is_kept(
+        sandbox_root: Path) -> None:
+    owner = subprocess.Popen([sys.executable, "-c", OWNER], stdout=subprocess.PIPE,
+                             env={**os.environ}, text=True)
+    assert owner.stdout is not None
+    sandbox_id = owner.stdout.readline().strip()
+
+    async def mine():
+        backend = BwrapBackend(sandbox_root)
+        live = await backend.create(SandboxSpec(limits=LIMITS))
+        try:
+            deadline = time.monotonic() + 10
+            while sandbox_id not in sandbox_processes().values():
+                assert time.monotonic() < deadline, "the owner's command never started"
+                await asyncio.sleep(0.05)
+            assert backend.reap() == []  # both owners alive: nothing to reap
+            owner.kill()
+            owner.wait()
+            reaped = backend.reap()
+            assert [lease.id for lease in reaped] == [sandbox_id]
+            assert live_sandboxes(sandbox_root)[0] == [live.id]
+        finally:
+            await live.destroy()
+    try:
+        run(mine())
+    finally:
+        owner.kill()
+        owner.wait()
+
+
+def test_sweep_cli_removes_only_abandoned_sandboxes(sandbox_root: Path) -> None:
+    # Created by a process that then exits without destroying it: abandoned.
+    subprocess.run([sys.executable, "-c", LEAVE_ONE_BEHIND], check=True)
+    cli = [sys.executable, "-m", "rollstream.cli", "sandbox"]
+    listed = subprocess.run([*cli, "list", "--backend", "bwrap"], capture_output=True,
+                            text=True, check=True)
+    assert "abandoned" in listed.stdout
+    swept = subprocess.run([*cli, "sweep", "--backend", "bwrap"], capture_output=True,
+                           text=True, check=True)
+    assert swept.stdout.count("removed bwrap sandbox") == 1
+    assert live_sandboxes(sandbox_root)[0] == []
+
+
+LEAVE_ONE_BEHIND = """
+import asyncio
+from rollstream.sandbox import SandboxSpec
+from rollstream.sandbox.bwrap import BwrapBackend
+
+asyncio.run(BwrapBackend().create(SandboxSpec()))
+"""

@@ -1,0 +1,132 @@
+"""Docker sandboxes. With an engine: the same isolation checks as the bwrap suite, on a real
+container. Without one (skipped, with the reason), what the backend asks the engine for is
+still checked against a recording stand-in for the docker SDK client; the logic above the
+backend (scaffold, evaluation) is the same for both and runs on bwrap in tests/test_swe*.py."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any
+
+import pytest
+
+from rollstream.sandbox import Limits, SandboxSpec
+from rollstream.sandbox.backends import BACKEND_ENV, backend_name, unavailable
+from rollstream.sandbox.docker import LABEL, OWNER_LABEL, DockerBackend
+from rollstream.sandbox.docker import available as docker_available
+
+NO_DOCKER = docker_available()
+IMAGE = os.environ.get("ROLLSTREAM_TEST_DOCKER_IMAGE", "python:3.11-slim")
+
+
+class _Container:
+    def __init__(self, labels: dict[str, str]) -> None:
+        self.id = "c0ffee"
+        self.labels = labels
+        self.removed = False
+        self.archives: list[tuple[str, bytes]] = []
+
+    def put_archive(self, path: str, data: bytes) -> bool:
+        self.archives.append((path, data))
+        return True
+
+    def remove(self, force: bool) -> None:
+        self.removed = force
+
+
+class _Api:
+    def __init__(self) -> None:
+        self.execs: list[list[str]] = []
+
+    def exec_create(self, container_id: str, argv: list[str], **kwargs: Any) -> dict:
+        self.execs.append(argv)
+        return {"Id": "e1"}
+
+    def exec_start(self, exec_id: str, stream: bool, demux: bool) -> Any:
+        yield b"hello\n"
+
+    def exec_inspect(self, exec_id: str) -> dict:
+        return {"ExitCode": 0}
+
+
+class _Containers:
+    def __init__(self) -> None:
+        self.runs: list[dict[str, Any]] = []
+        self.created: list[_Container] = []
+
+    def run(self, image: str, command: list[str], **kwargs: Any) -> _Container:
+        self.runs.append({"image": image, "command": command, **kwargs})
+        self.created.append(_Container(kwargs["labels"]))
+        return self.created[-1]
+
+    def list(self, all: bool, filters: dict[str, str]) -> list[_Container]:
+        return [c for c in self.created if not c.removed]
+
+
+class _Client:
+    def __init__(self) -> None:
+        self.containers = _Containers()
+        self.api = _Api()
+
+
+def test_container_is_locked_down_and_labelled_and_exec_has_a_timeout() -> None:
+    client = _Client()
+    backend = DockerBackend(client)
+    limits = Limits(memory_mb=1024, max_processes=100, cpus=2.0, timeout_s=7)
+
+    async def body():
+        sandbox = await backend.create(SandboxSpec(image="img:1", limits=limits,
+                                                   labels={"task": "t1"}))
+        result = await sandbox.exec("echo hello")
+        await sandbox.write_file("/testbed/a.py", b"x = 1\n")
+        await sandbox.destroy()
+        return sandbox, result
+
+    sandbox, result = asyncio.run(body())
+    run = client.containers.runs[0]
+    assert run["image"] == "img:1" and run["command"] == ["sleep", "infinity"]
+    assert run["network_disabled"] and run["network_mode"] == "none"
+    assert run["mem_limit"] == run["memswap_limit"] == "1024m"
+    assert run["nano_cpus"] == 2_000_000_000 and run["pids_limit"] == 100
+    assert run["cap_drop"] == ["ALL"] and run["security_opt"] == ["no-new-privileges"]
+    assert run["labels"][LABEL] == sandbox.id and run["labels"]["rollstream.label.task"] == "t1"
+    assert run["labels"][OWNER_LABEL].split(":")[1] == str(os.getpid())
+    assert client.api.execs[0][:4] == ["timeout", "-s", "KILL", "7"]
+    assert result.text == "hello\n" and result.ok
+    container = client.containers.created[0]
+    assert container.archives[0][0] == "/" and container.removed
+    assert backend.leases() == []
+
+
+def test_a_task_with_an_image_needs_docker(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(BACKEND_ENV, "auto")
+    if unavailable("docker") is None:
+        assert backend_name("img:1") == "docker"
+    else:
+        with pytest.raises(Exception, match="no sandbox backend for image 'img:1'.*docker"):
+            backend_name("img:1")
+
+
+@pytest.mark.skipif(NO_DOCKER is not None, reason=f"{NO_DOCKER}")
+def test_real_container_is_isolated_limited_and_removed() -> None:
+    backend = DockerBackend()
+
+    async def body():
+        sandbox = await backend.create(SandboxSpec(
+            image=IMAGE, limits=Limits(memory_mb=256, max_processes=64, output_bytes=4096)))
+        try:
+            net = await sandbox.exec("python -c 'import socket; "
+                                     "print([n for _, n in socket.if_nameindex()])'")
+            assert net.text.strip() == "['lo']"
+            slow = await sandbox.exec("sleep 300 & sleep 300", timeout_s=1)
+            assert slow.timed_out
+            loud = await sandbox.exec("head -c 100000000 /dev/zero | tr '\\0' x")
+            assert loud.omitted_bytes > 99_000_000
+            await sandbox.write_file("/testbed/a.txt", b"kept")
+            assert await sandbox.read_file("/testbed/a.txt", 100) == b"kept"
+        finally:
+            await sandbox.destroy()
+        assert sandbox.id not in {lease.id for lease in backend.leases()}
+
+    asyncio.run(body())
