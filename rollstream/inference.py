@@ -6,9 +6,13 @@ vLLM fills omitted ones from the model's generation_config.json (and max_tokens 
 which would silently change the policy being sampled.
 
 Errors are typed for the caller's decision: `ContextOverflow` (the conversation no longer fits:
-end the episode as truncated), `ServerError` (retryable: 5xx, 429, refused, timeout),
-`BadRequest` (any other 4xx: a bug, not retryable), plain `InferenceError` for a response that
-does not follow the contract.
+end the episode as truncated), `ServerError` (retryable: 5xx, 429, refused, timeout; its
+`unreachable` flag says the server is down, not just failing), `BadRequest` (any other 4xx: a
+bug, not retryable), plain `InferenceError` for a response that does not follow the contract
+(including a server that saw other prompt ids than were sent: the per-turn prefix check).
+
+Besides completions, the client reads what a router needs: `/health`, the `vllm:*` load gauges
+from `/metrics`, and the models a server lists (LoRA adapters included).
 """
 
 from __future__ import annotations
@@ -52,6 +56,11 @@ class ServerError(InferenceError):
 
     retryable = True
 
+    def __init__(self, message: str, *, server: str = "", status: int | None = None,
+                 unreachable: bool = False) -> None:
+        super().__init__(message, server=server, status=status)
+        self.unreachable = unreachable  # no connection at all: the server is down
+
 
 class BadRequest(InferenceError):
     """A 4xx the request itself caused; retrying it unchanged fails the same way."""
@@ -66,6 +75,35 @@ class ContextOverflow(BadRequest):
         prompt_len = _PROMPT_LEN.search(message)
         self.max_model_len = int(max_len.group(1)) if max_len else None
         self.prompt_tokens = int(next(filter(None, prompt_len.groups()))) if prompt_len else None
+
+
+# vLLM's load gauges (summed over engines; kv usage is the fullest engine's). The pre-0.10 name of
+# the KV gauge is read too.
+LOAD_GAUGES = {
+    "vllm:num_requests_running": "running",
+    "vllm:num_requests_waiting": "waiting",
+    "vllm:kv_cache_usage_perc": "kv_usage",
+    "vllm:gpu_cache_usage_perc": "kv_usage",
+}
+
+
+def parse_load(text: str) -> dict[str, float]:
+    """`running`, `waiting` and `kv_usage` from a Prometheus /metrics page (absent: not listed)."""
+    load: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name, _, rest = line.partition("{") if "{" in line else line.partition(" ")
+        key = LOAD_GAUGES.get(name.strip())
+        if key is None:
+            continue
+        try:
+            value = float(rest.rsplit("}", 1)[-1].split()[0])
+        except (IndexError, ValueError):
+            continue
+        load[key] = max(load.get(key, 0.0), value) if key == "kv_usage" else (
+            load.get(key, 0.0) + value)
+    return load
 
 
 @dataclass
@@ -164,13 +202,36 @@ class InferenceClient:
                     ) from exc
             return self.model
 
+    async def models(self) -> list[dict[str, Any]]:
+        """The model cards of GET /v1/models (the base model, then any LoRA adapters)."""
+        data, _ = await self._request("GET", "/v1/models")
+        if not isinstance(data, dict) or not isinstance(data.get("data"), list):
+            raise InferenceError(f"unexpected /v1/models response: {data!r}", server=self.base_url)
+        return data["data"]
+
+    async def healthy(self) -> bool:
+        """GET /health answers 200 (vLLM: 503 while the engine is dead)."""
+        try:
+            status, _, _ = await self._send("GET", "/health")
+        except ServerError:
+            return False
+        return status == 200
+
+    async def load(self) -> dict[str, float]:
+        """The server's load gauges from /metrics; empty when it serves none."""
+        status, raw, _ = await self._send("GET", "/metrics")
+        return parse_load(raw.decode("utf-8", errors="replace")) if status == 200 else {}
+
     async def complete(
         self,
         prompt_ids: Sequence[int],
         sampling: Mapping[str, Any],
         stop_token_ids: Sequence[int],
+        model: str | None = None,
     ) -> Completion:
-        body = request_body(prompt_ids, sampling, stop_token_ids, await self.model_name())
+        """One completion. `model` overrides the server's model, e.g. a LoRA adapter's name."""
+        body = request_body(prompt_ids, sampling, stop_token_ids,
+                            model or await self.model_name())
         start = time.perf_counter()
         data, headers = await self._request("POST", "/v1/completions", body)
         latency_ms = (time.perf_counter() - start) * 1000
@@ -180,7 +241,8 @@ class InferenceClient:
             logprobs = [float(lp) for lp in choice["logprobs"]["token_logprobs"]]
             finish_reason = str(choice["finish_reason"])
             text = str(choice["text"])
-        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            echoed = choice.get("prompt_token_ids")
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
             # e.g. token_ids null: the server ignored return_token_ids (vLLM older than 0.10.2)
             raise InferenceError(
                 f"completion response lacks token_ids/logprobs: {exc!r}", server=self.base_url
@@ -189,6 +251,10 @@ class InferenceClient:
             raise InferenceError(
                 f"{len(token_ids)} token ids but {len(logprobs)} logprobs", server=self.base_url
             )
+        if echoed is not None and echoed != body["prompt"]:
+            # The prefix check from the server's side: it must have seen exactly our ids.
+            raise InferenceError("the server's prompt_token_ids differ from the ids sent",
+                                 server=self.base_url)
         version = headers.get(POLICY_VERSION_HEADER)
         return Completion(
             token_ids=token_ids,
@@ -200,9 +266,9 @@ class InferenceClient:
             latency_ms=latency_ms,
         )
 
-    async def _request(
+    async def _send(
         self, method: str, path: str, body: dict[str, Any] | None = None
-    ) -> tuple[Any, Mapping[str, str]]:
+    ) -> tuple[int, bytes, Mapping[str, str]]:
         if self._session is None:
             self._session = aiohttp.ClientSession(
                 timeout=self.timeout,
@@ -211,10 +277,19 @@ class InferenceClient:
         url = self.base_url + path
         try:
             async with self._session.request(method, url, json=body) as response:
-                raw = await response.read()
-                status, headers = response.status, response.headers
+                return response.status, await response.read(), response.headers
         except (aiohttp.ClientError, TimeoutError) as exc:
-            raise ServerError(f"{method} {url}: {exc!r}", server=self.base_url) from exc
+            raise ServerError(
+                f"{method} {url}: {exc!r}",
+                server=self.base_url,
+                unreachable=isinstance(exc, aiohttp.ClientConnectorError),
+            ) from exc
+
+    async def _request(
+        self, method: str, path: str, body: dict[str, Any] | None = None
+    ) -> tuple[Any, Mapping[str, str]]:
+        status, raw, headers = await self._send(method, path, body)
+        url = self.base_url + path
         if status >= 400:
             message = _error_message(raw)
             kind: type[InferenceError]

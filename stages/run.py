@@ -1,10 +1,21 @@
-"""RUN: play an episode, turn by turn, against an inference server, checkpointing every turn.
+"""RUN: play an episode, turn by turn, against inference servers, checkpointing every turn.
 
 The conversation lives as token ids: each turn appends the tokens of the new user message (the
 chat-template delta) and the ids the server sampled, verbatim, so the trainer sees exactly what
-was sampled. After every turn the unfinished trajectory is written to <p>.episode-state (keyed by
-episode id, co-partitioned with <p>.episodes); a RUN process that takes over a partition reads
-those checkpoints back and resumes episodes where they stopped instead of replaying them.
+was sampled. Where the chat template is not append-only (it re-renders earlier turns once a new
+message follows), the turn starts a new sample (Turn.new_sample) holding the whole re-rendered
+context; history is never silently re-tokenized. The template is the embedded policy's, or a
+real model's from a local tokenizer directory (`--tokenizer-path`).
+
+Inference goes through rollstream.routing.Router: an episode stays on one server (prefix cache),
+new episodes go to the least-loaded healthy server, and when every server is at its cap RUN
+takes no new episodes (`capacity`, which the runtime checks before consuming). A failed call
+(timeout, refused, 5xx) is retried with backoff within RETRY_DELAYS_S, on another server when
+its own is down; past the budget the episode ends as INFRA_ERROR, never as a reward.
+
+After every turn the unfinished trajectory is written to <p>.episode-state (keyed by episode
+id, co-partitioned with <p>.episodes); a RUN process that takes over a partition reads those
+checkpoints back and resumes episodes where they stopped instead of replaying them.
 """
 
 from __future__ import annotations
@@ -13,14 +24,18 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Mapping, Sequence
+from typing import Protocol
 
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
 from rollstream import kafka
 from rollstream.codec import codec, pack_ids, pack_logprobs, unpack_ids
+from rollstream.config import Settings
 from rollstream.envs.registry import UnknownEnv, get_env
-from rollstream.inference import Completion, ContextOverflow, InferenceClient, ServerError
+from rollstream.inference import Completion, ContextOverflow, ServerError
 from rollstream.policy.chat import EmbeddedChatTemplate
+from rollstream.routing import Router
 from rollstream.runtime import EventContext, InvalidEvent, Output, Stage
 
 log = logging.getLogger("rollstream.run")
@@ -36,28 +51,73 @@ class InferenceUnavailable(RuntimeError):
     """Inference kept failing past the retry budget: the episode ends as an infra failure."""
 
 
+class ChatTemplate(Protocol):
+    """What RUN needs of a chat template (EmbeddedChatTemplate, HFChatTemplate)."""
+
+    stop_token_ids: list[int]
+
+    def first_prompt(self, user_text: str) -> list[int]: ...
+
+    def next_prompt(self, sample_ids: Sequence[int],
+                    messages: Sequence[Mapping[str, str]]) -> tuple[list[int], bool]: ...
+
+
+def conversation(task: dict, turns: list[dict]) -> list[dict[str, str]]:
+    """The episode as chat messages: the task prompt, then each completion and observation."""
+    messages = [{"role": "user", "content": task["prompt"]}]
+    for turn in turns:
+        messages.append({"role": "assistant", "content": turn["completion_text"]})
+        if turn["observation"] is not None:
+            messages.append({"role": "user", "content": turn["observation"]})
+    return messages
+
+
+def sample_ids(turns: list[dict]) -> list[int]:
+    """The token ids of the current sample: from the last turn that started one."""
+    start = max((i for i, t in enumerate(turns) if t.get("new_sample")), default=0)
+    ids: list[int] = []
+    for turn in turns[start:]:
+        ids.extend(unpack_ids(turn["prompt_ids"]).tolist())
+        ids.extend(unpack_ids(turn["completion_ids"]).tolist())
+    return ids
+
+
 class RunStage(Stage):
     name = "run"
     input_record = "Episode"
 
-    def __init__(self, settings, template: EmbeddedChatTemplate | None = None) -> None:
+    def __init__(self, settings: Settings, template: ChatTemplate | None = None) -> None:
         super().__init__(settings)
-        self.template = template or EmbeddedChatTemplate()
-        self.client: InferenceClient | None = None
+        self.template: ChatTemplate = template or self._template(settings)
+        self.router: Router | None = None
         # Checkpoints of unfinished episodes, by input partition, then episode id.
         self.checkpoints: dict[int, dict[str, dict]] = {}
         self.resumed = 0
+
+    @staticmethod
+    def _template(settings: Settings) -> ChatTemplate:
+        if not settings.tokenizer_path:
+            return EmbeddedChatTemplate()
+        from rollstream.policy.hf_template import HFChatTemplate  # tokenizers only when used
+
+        return HFChatTemplate(settings.tokenizer_path)
 
     def input_topic(self) -> str:
         return self.topics.episodes
 
     async def start(self) -> None:
-        url = self.settings.policy_url.split(",")[0].strip()
-        self.client = InferenceClient(url, timeout_s=self.settings.request_timeout_s)
+        self.router = Router(self.settings.policy_urls,
+                             max_episodes=self.settings.server_max_in_flight,
+                             timeout_s=self.settings.request_timeout_s,
+                             health_interval_s=self.settings.health_interval_s)
+        await self.router.start()
 
     async def close(self) -> None:
-        if self.client is not None:
-            await self.client.close()
+        if self.router is not None:
+            await self.router.close()
+
+    def capacity(self) -> int | None:
+        return self.router.capacity() if self.router is not None else 0
 
     # -- checkpoints -------------------------------------------------------------------------
 
@@ -86,52 +146,67 @@ class RunStage(Stage):
 
     async def handle(self, episode: dict, ctx: EventContext) -> list[Output]:
         task = episode["task"]
+        episode_id = episode["episode_id"]
         try:
             env = get_env(task["env"])
         except UnknownEnv as exc:
             raise InvalidEvent(str(exc)) from exc
-        trajectory = self.checkpoints.get(ctx.partition, {}).pop(episode["episode_id"], None)
-        if trajectory is None:
-            trajectory = {
-                "episode_id": episode["episode_id"],
-                "task": task,
-                "sample_index": episode["sample_index"],
-                "turns": [],
-                "termination": "RUNNING",
-                "termination_detail": "",
-                "env_state": json.dumps(await env.reset(task)),
-                "started_at_ms": now_ms(),
-                "finished_at_ms": 0,
-            }
-        else:
-            self.resumed += 1
-            log.info("resuming %s at turn %d", episode["episode_id"], len(trajectory["turns"]))
+        trajectory = self.checkpoints.get(ctx.partition, {}).pop(episode_id, None)
+        assert self.router is not None
+        # Take a server before the first await, so capacity() counts this episode at once; a
+        # resumed episode goes back to its server while that one is usable.
+        turns = trajectory["turns"] if trajectory is not None else []
+        self.router.pin(episode_id, prefer=turns[-1]["server"] if turns else None)
         try:
-            await self._play(env, trajectory, ctx)
+            if trajectory is None:
+                trajectory = {
+                    "episode_id": episode_id,
+                    "task": task,
+                    "sample_index": episode["sample_index"],
+                    "turns": [],
+                    "termination": "RUNNING",
+                    "termination_detail": "",
+                    "env_state": json.dumps(await env.reset(task)),
+                    "started_at_ms": now_ms(),
+                    "finished_at_ms": 0,
+                }
+            else:
+                self.resumed += 1
+                log.info("resuming %s at turn %d", episode_id, len(turns))
+            try:
+                await self._play(env, trajectory, ctx)
+            finally:
+                # Also on cancellation (partition revoked): the next owner re-creates what it
+                # needs.
+                await env.close(task, json.loads(trajectory["env_state"]))
         finally:
-            # Also on cancellation (partition revoked): the next owner re-creates what it needs.
-            await env.close(task, json.loads(trajectory["env_state"]))
+            self.router.release(episode_id)
         trajectory["finished_at_ms"] = now_ms()
-        self._checkpoint(ctx, None, episode["episode_id"])  # done: drop the checkpoint
-        return [Output(self.topics.trajectories, episode["episode_id"], "Trajectory", trajectory)]
+        self._checkpoint(ctx, None, episode_id)  # done: drop the checkpoint
+        return [Output(self.topics.trajectories, episode_id, "Trajectory", trajectory)]
 
     async def _play(self, env, trajectory: dict, ctx: EventContext) -> None:
         task = trajectory["task"]
         turns = trajectory["turns"]
-        context: list[int] = []
-        for t in turns:
-            context.extend(unpack_ids(t["prompt_ids"]).tolist())
-            context.extend(unpack_ids(t["completion_ids"]).tolist())
+        sample = sample_ids(turns)
         state = json.loads(trajectory["env_state"])
         while True:
             if len(turns) >= task["max_turns"]:
                 trajectory["termination"] = "MAX_TURNS"
                 return
-            prompt_ids = self._next_prompt(task, turns)
+            new_sample = False
+            if turns:
+                prompt_ids, new_sample = self.template.next_prompt(
+                    sample, conversation(task, turns))
+                if new_sample:
+                    log.info("%s: template re-renders history at turn %d; new sample",
+                             trajectory["episode_id"], len(turns))
+                    sample = []
+            else:
+                prompt_ids = self.template.first_prompt(task["prompt"])
             started = now_ms()
             try:
-                completion = await self._complete(context + prompt_ids, task, trajectory,
-                                                  len(turns))
+                completion = await self._complete(sample + prompt_ids, trajectory, len(turns))
             except ContextOverflow as exc:
                 trajectory["termination"] = "TRUNCATED"
                 trajectory["termination_detail"] = str(exc)
@@ -143,35 +218,25 @@ class RunStage(Stage):
             env_started = time.perf_counter()
             step = await env.step(task, state, completion.text)
             state = step.state
-            turns.append(self._turn(len(turns), prompt_ids, completion, started, step,
-                                    (time.perf_counter() - env_started) * 1000))
-            context.extend(prompt_ids)
-            context.extend(completion.token_ids)
+            turns.append(self._turn(len(turns), prompt_ids, new_sample, completion, started,
+                                    step, (time.perf_counter() - env_started) * 1000))
+            sample += prompt_ids + completion.token_ids
             trajectory["env_state"] = json.dumps(state)
             if step.done:
                 trajectory["termination"] = "DONE"
                 return
             self._checkpoint(ctx, trajectory, trajectory["episode_id"])
 
-    def _next_prompt(self, task: dict, turns: list[dict]) -> list[int]:
-        if not turns:
-            return self.template.first_prompt(task["prompt"])
-        delta = self.template.observation_delta(turns[-1]["observation"] or "")
-        if turns[-1]["finish_reason"] == "length":
-            # Cut off before its stop token: close the turn so the template stays well-formed
-            # (the closing token is part of the prompt, never trained on as sampled).
-            return [self.template.stop_token_ids[0], *delta]
-        return delta
-
     @staticmethod
-    def _turn(index: int, prompt_ids: list[int], completion: Completion, started_ms: int,
-              step, env_ms: float) -> dict:
+    def _turn(index: int, prompt_ids: list[int], new_sample: bool, completion: Completion,
+              started_ms: int, step, env_ms: float) -> dict:
+        assert completion.policy_version is not None  # the router always stamps one
         return {
             "index": index,
             "prompt_ids": pack_ids(prompt_ids),
             "completion_ids": pack_ids(completion.token_ids),
             "logprobs": pack_logprobs(completion.logprobs),
-            "policy_version": completion.policy_version or 0,
+            "policy_version": completion.policy_version,
             "finish_reason": completion.finish_reason,
             "completion_text": completion.text,
             "tool_call": step.tool_call,
@@ -180,20 +245,20 @@ class RunStage(Stage):
             "started_at_ms": started_ms,
             "inference_ms": completion.latency_ms,
             "env_ms": env_ms,
+            "new_sample": new_sample,
         }
 
-    async def _complete(self, prompt_ids: list[int], task: dict, trajectory: dict,
-                        turn: int) -> Completion:
-        sampling = dict(task["sampling"])
+    async def _complete(self, prompt_ids: list[int], trajectory: dict, turn: int) -> Completion:
+        sampling = dict(trajectory["task"]["sampling"])
         if sampling.get("seed") is not None:
             # Distinct but reproducible per sample and turn.
             sampling["seed"] = sampling["seed"] + 1000 * trajectory["sample_index"] + turn
-        assert self.client is not None
+        assert self.router is not None
         last: Exception | None = None
         for delay in (*RETRY_DELAYS_S, None):
             try:
-                return await self.client.complete(prompt_ids, sampling,
-                                                  self.template.stop_token_ids)
+                return await self.router.complete(trajectory["episode_id"], prompt_ids,
+                                                  sampling, self.template.stop_token_ids)
             except ServerError as exc:
                 last = exc
                 if delay is None:

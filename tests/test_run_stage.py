@@ -17,6 +17,7 @@ from rollstream import kafka
 from rollstream.codec import codec, pack_ids, pack_logprobs, unpack_ids
 from rollstream.config import Settings
 from rollstream.policy.chat import EmbeddedChatTemplate
+from rollstream.policy.simulated import Fleet, SimulatedServer
 from rollstream.processes import ProcessGroup, free_port, wait_http
 from rollstream.runtime import StageRuntime
 from stages.run import RunStage
@@ -69,7 +70,7 @@ def test_run_resumes_an_episode_from_its_checkpoint(settings: Settings, policy_u
         "logprobs": pack_logprobs([-0.5, -0.25]), "policy_version": 0,
         "finish_reason": "stop", "completion_text": "3", "tool_call": json.dumps({"guess": 3}),
         "observation": "higher", "server": "crashed-run", "started_at_ms": 1,
-        "inference_ms": 1.0, "env_ms": 0.0,
+        "inference_ms": 1.0, "env_ms": 0.0, "new_sample": False,
     }
     checkpoint = {
         "episode_id": "resume-1#0", "task": task, "sample_index": 0, "turns": [turn0],
@@ -101,10 +102,8 @@ def test_run_resumes_an_episode_from_its_checkpoint(settings: Settings, policy_u
     assert state[-1].key() == b"resume-1#0" and state[-1].value() is None
 
 
-def test_unreachable_server_ends_the_episode_as_infra_not_reward_zero(
+def test_failing_server_ends_the_episode_as_infra_not_reward_zero(
         settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
-    settings = Settings(**{**settings.__dict__, "policy_url": f"http://127.0.0.1:{free_port()}",
-                           "request_timeout_s": 2.0})
     task = guess_task()
     producer = kafka.producer(settings)
     kafka.produce(producer, settings.topics.episodes, codec().encode("Episode", {
@@ -112,8 +111,43 @@ def test_unreachable_server_ends_the_episode_as_infra_not_reward_zero(
     }), key="resume-1#0")
     producer.flush()
     monkeypatch.setattr("stages.run.RETRY_DELAYS_S", (0.05, 0.05))
-    [msg] = run_until_output(settings, settings.topics.trajectories)
+    # Healthy by /health (so RUN takes the episode), but every completion's connection drops.
+    with Fleet([SimulatedServer(fault="drop")]) as fleet:
+        settings = Settings(**{**settings.__dict__, "policy_url": fleet.urls[0],
+                               "request_timeout_s": 2.0})
+        [msg] = run_until_output(settings, settings.topics.trajectories)
     trajectory = codec().decode_as("Trajectory", msg.value())
     assert trajectory["termination"] == "INFRA_ERROR"
     assert "3 times" in trajectory["termination_detail"]
     assert trajectory["turns"] == []
+
+
+def test_no_usable_server_means_no_episodes_taken(settings: Settings) -> None:
+    """With every server down RUN has no capacity: episodes wait in the topic rather than
+    being burnt as infra failures, and run once a server answers again."""
+    port = free_port()
+    settings = Settings(**{**settings.__dict__, "policy_url": f"http://127.0.0.1:{port}",
+                           "health_interval_s": 0.2})
+    producer = kafka.producer(settings)
+    kafka.produce(producer, settings.topics.episodes, codec().encode("Episode", {
+        "episode_id": "wait-1#0", "task": guess_task(), "sample_index": 0, "created_at_ms": 1,
+    }), key="wait-1#0")
+    producer.flush()
+    runtime = StageRuntime(RunStage(settings), settings)
+    thread = threading.Thread(target=lambda: asyncio.run(runtime.serve()))
+    thread.start()
+    try:
+        time.sleep(3)
+        assert runtime.stats["processed"] == 0
+        with Fleet([SimulatedServer()]) as fleet:
+            fleet.call(fleet.servers[0].stop())
+            fleet.call(fleet.servers[0].start(port=port))  # the listed server comes up
+            deadline = time.monotonic() + 30
+            while runtime.stats["processed"] == 0 and time.monotonic() < deadline:
+                time.sleep(0.2)
+    finally:
+        runtime.stop()
+        thread.join(60)
+    [msg] = list(kafka.read_partitions(settings, [
+        TopicPartition(settings.topics.trajectories, p, 0) for p in range(4)]))
+    assert codec().decode_as("Trajectory", msg.value())["termination"] in ("DONE", "MAX_TURNS")

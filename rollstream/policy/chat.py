@@ -6,13 +6,13 @@ The model ends its turn by emitting `<|end|>` (the stop token), so after a compl
 observation appends `<|user|> text <|end|> <|assistant|>` and every earlier token is reused
 verbatim: token-in/token-out multi-turn rollouts never re-tokenize history.
 
-A template for a Hugging Face tokenizer implements the same interface: `stop_token_ids`,
-`first_prompt`, `observation_delta` (and `render` for /tokenize with messages).
+RUN uses `stop_token_ids`, `first_prompt` and `next_prompt`; a template for a Hugging Face
+tokenizer (rollstream.policy.hf_template) implements the same three.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 from rollstream.policy.tokenizer import ASSISTANT, END, USER, ByteTokenizer
 
@@ -28,6 +28,18 @@ class EmbeddedChatTemplate:
     def observation_delta(self, text: str) -> list[int]:
         """Tokens to append after an assistant completion (which ends with `<|end|>`)."""
         return [USER, *self.tokenizer.encode(text), END, ASSISTANT]
+
+    def next_prompt(
+        self, sample_ids: Sequence[int], messages: Sequence[Mapping[str, str]]
+    ) -> tuple[list[int], bool]:
+        """The ids to append for the last message (always an append: this template never
+        re-renders history, so it never starts a new sample)."""
+        delta = self.observation_delta(messages[-1].get("content") or "")
+        if sample_ids and sample_ids[-1] not in self.stop_token_ids:
+            # Cut off before its stop token (max_tokens): close the turn so the template stays
+            # well-formed (the closing token is prompt, never trained on as sampled).
+            return [END, *delta], False
+        return delta, False
 
     def render(
         self, messages: Iterable[Mapping[str, str]], add_generation_prompt: bool

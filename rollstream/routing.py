@@ -1,0 +1,230 @@
+"""Routing RUN's inference calls across N vLLM-compatible servers.
+
+- Affinity: an episode is pinned to one server for all its turns, so that server's prefix cache
+  holds its conversation; it moves only when its server is down, removed or ejected (then the
+  next server gets the whole token history, which every request carries anyway).
+- Balance: a new episode goes to the usable server with the least live load: the episodes this
+  process has pinned there, plus the requests other clients have on it (`vllm:num_requests_
+  running` + `vllm:num_requests_waiting` from /metrics, less ours), plus `vllm:kv_cache_usage_
+  perc` to break ties; then the fewest episodes ever assigned, so equal servers take turns.
+- Cap: at most `max_episodes` episodes pinned per server (each has at most one request in
+  flight, so this also caps in-flight requests). `capacity()` is how many more episodes fit;
+  at 0 RUN's runtime pauses its partitions instead of queueing. An episode moved off a dead
+  server may take its new server over the cap: it was admitted already.
+- Health: every `health_interval_s`, /health, /metrics and /v1/models of every server, and the
+  server list itself is re-read (servers can be added and removed while running). A refused
+  connection ejects a server at once; `EJECT_AFTER` consecutive failed requests (5xx, timeouts)
+  eject it too, until a later health check finds it answering again.
+- Policy version: a response's `X-Rollstream-Policy-Version` header (embedded server, or vLLM
+  with rollstream.vllm_middleware) is exact. A server with Rollstream LoRA adapters is sent the
+  newest adapter by name, and that adapter's version is the turn's. A server that stamped its
+  responses before and sends one without a stamp is inside a weight update: `VersionUnknown`,
+  and RUN samples the turn again. A server that never stamps gives -1 (unknown), never a guess.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rollstream.controller import lora_version
+from rollstream.inference import Completion, InferenceClient, InferenceError, ServerError
+
+log = logging.getLogger("rollstream.routing")
+
+EJECT_AFTER = 3  # consecutive failed requests that take a server out of rotation
+UNKNOWN_VERSION = -1
+
+
+class NoServer(ServerError):
+    """No usable inference server right now (all down, ejected or removed)."""
+
+
+class VersionUnknown(ServerError):
+    """The response came from a server in the middle of a weight update: sample it again."""
+
+
+@dataclass
+class Server:
+    url: str
+    client: InferenceClient
+    healthy: bool = False  # until the first health check or successful request says otherwise
+    removed: bool = False  # no longer listed: takes no new episodes, finishes its requests
+    episodes: int = 0  # episodes pinned here now
+    assigned: int = 0  # episodes ever pinned here (ties go to the least used)
+    in_flight: int = 0
+    failures: int = 0  # consecutive failed requests
+    foreign: float = 0.0  # other clients' running + waiting requests at the last scrape
+    kv_usage: float = 0.0
+    lora: tuple[str, int] | None = None  # newest Rollstream adapter: (model name, version)
+    stamps_versions: bool = False
+    stats: dict[str, int] = field(default_factory=lambda: {"requests": 0, "failures": 0})
+
+    @property
+    def usable(self) -> bool:
+        return self.healthy and not self.removed
+
+    def score(self) -> tuple[float, int]:
+        return self.episodes + self.foreign + self.kv_usage, self.assigned
+
+
+class Router:
+    def __init__(
+        self,
+        urls: Sequence[str] | Callable[[], Sequence[str]],
+        *,
+        max_episodes: int = 64,
+        timeout_s: float = 60.0,
+        health_interval_s: float = 2.0,
+    ) -> None:
+        self._urls = urls if callable(urls) else (lambda: list(urls))
+        self.max_episodes = max_episodes
+        self.timeout_s = timeout_s
+        self.health_interval_s = health_interval_s
+        self.servers: dict[str, Server] = {}
+        self.pins: dict[str, Server] = {}  # episode id → its server
+        self.migrations = 0
+        self._changed = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        await self.check()
+        self._task = asyncio.create_task(self._health_loop(), name="router-health")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        for server in self.servers.values():
+            await server.client.close()
+
+    # -- admission -------------------------------------------------------------------------
+
+    def capacity(self) -> int:
+        """How many more episodes the usable servers take before every one is at its cap."""
+        return sum(max(0, self.max_episodes - s.episodes)
+                   for s in self.servers.values() if s.usable)
+
+    def pin(self, episode_id: str, prefer: str | None = None) -> Server | None:
+        """The episode's server: its current one while usable, else `prefer` (where a resumed
+        episode ran before) if usable, else the least loaded one with room (None: none now)."""
+        current = self.pins.get(episode_id)
+        if current is not None and current.usable:
+            return current
+        wanted = self.servers.get(prefer or "")
+        if current is None and wanted is not None and wanted.usable:
+            return self._move(episode_id, wanted)
+        usable = [s for s in self.servers.values() if s.usable]
+        if not usable:
+            return None
+        # Prefer servers below the cap; a moving episode takes the least loaded regardless.
+        roomy = [s for s in usable if s.episodes < self.max_episodes]
+        return self._move(episode_id, min(roomy or usable, key=Server.score))
+
+    def release(self, episode_id: str) -> None:
+        server = self.pins.pop(episode_id, None)
+        if server is not None:
+            server.episodes -= 1
+
+    def _move(self, episode_id: str, server: Server) -> Server:
+        old = self.pins.get(episode_id)
+        if old is not None:
+            old.episodes -= 1
+            self.migrations += 1
+            log.info("episode %s moves from %s to %s", episode_id, old.url, server.url)
+        self.pins[episode_id] = server
+        server.episodes += 1
+        server.assigned += 1
+        return server
+
+    # -- requests --------------------------------------------------------------------------
+
+    async def complete(self, episode_id: str, prompt_ids: Sequence[int],
+                       sampling: Mapping[str, Any], stop_token_ids: Sequence[int]) -> Completion:
+        """One attempt on the episode's server. Raises ServerError (retryable: the caller
+        backs off and calls again, possibly landing on another server) or InferenceError."""
+        server = self.pin(episode_id)
+        if server is None:
+            raise NoServer("no usable inference server (all down, ejected or removed)")
+        lora = server.lora
+        server.in_flight += 1
+        server.stats["requests"] += 1
+        try:
+            completion = await server.client.complete(
+                prompt_ids, sampling, stop_token_ids, model=lora[0] if lora else None)
+        except ServerError as exc:
+            self._failed(server, exc)
+            raise
+        finally:
+            server.in_flight -= 1
+        server.failures = 0
+        server.healthy = True
+        if completion.policy_version is not None:
+            server.stamps_versions = True
+        elif lora is not None:
+            completion.policy_version = lora[1]  # the adapter the request named
+        elif server.stamps_versions:
+            raise VersionUnknown("response without a policy version: weights being updated",
+                                 server=server.url)
+        else:
+            completion.policy_version = UNKNOWN_VERSION
+        return completion
+
+    def _failed(self, server: Server, exc: ServerError) -> None:
+        server.failures += 1
+        server.stats["failures"] += 1
+        if server.healthy and (exc.unreachable or server.failures >= EJECT_AFTER):
+            server.healthy = False
+            log.warning("server %s out of rotation: %s", server.url, exc)
+
+    # -- health and the server list ---------------------------------------------------------
+
+    async def _health_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.health_interval_s)
+            try:
+                await self.check()
+            except Exception:  # a bug here must not stop routing; the next round tries again
+                log.exception("health check failed")
+
+    async def check(self) -> None:
+        """Re-read the server list, then every server's health, load and models."""
+        listed = list(dict.fromkeys(u.rstrip("/") for u in self._urls()))
+        for url in listed:
+            if url not in self.servers:
+                self.servers[url] = Server(url, InferenceClient(url, timeout_s=self.timeout_s))
+                log.info("server %s added", url)
+            self.servers[url].removed = False
+        for url, server in list(self.servers.items()):
+            if url not in listed and not server.removed:
+                server.removed = True
+                log.info("server %s removed; its episodes move at their next turn", url)
+            if server.removed and server.in_flight == 0 and server.episodes == 0:
+                del self.servers[url]
+                await server.client.close()
+        await asyncio.gather(*(self._probe(s) for s in self.servers.values() if not s.removed))
+
+    async def _probe(self, server: Server) -> None:
+        try:
+            healthy = await server.client.healthy()
+            load = await server.client.load() if healthy else {}
+            models = await server.client.models() if healthy else []
+        except InferenceError as exc:
+            healthy, load, models = False, {}, []
+            log.debug("probe of %s failed: %s", server.url, exc)
+        if healthy != server.healthy:
+            log.info("server %s %s", server.url, "healthy" if healthy else "unhealthy")
+        server.healthy = healthy
+        if healthy:
+            server.failures = 0
+        reported = load.get("running", 0.0) + load.get("waiting", 0.0)
+        server.foreign = max(0.0, reported - server.in_flight)
+        server.kv_usage = load.get("kv_usage", 0.0)
+        adapters = [(str(m.get("id")), lora_version(str(m.get("id", "")))) for m in models]
+        versions = [(v, name) for name, v in adapters if v is not None]
+        server.lora = (max(versions)[1], max(versions)[0]) if versions else None
