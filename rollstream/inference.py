@@ -152,6 +152,9 @@ def request_body(
             "ignore_eos": False,
             "include_stop_str_in_output": False,
             "skip_special_tokens": False,
+            # vLLM's default puts spaces between special tokens in `text`; keep it the plain
+            # detokenization, which chat templates see again as the assistant message.
+            "spaces_between_special_tokens": False,
             "logprobs": 0,  # the sampled token's logprob only
             "return_token_ids": True,
             "echo": False,
