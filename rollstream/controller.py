@@ -192,10 +192,14 @@ class Controller:
     """Consumes <p>.policy and keeps every server on the newest version (see module doc)."""
 
     def __init__(self, settings: config.Settings) -> None:
-        from rollstream import kafka  # confluent-kafka only where the service runs
+        from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
         self.settings = settings
-        self.consumer = kafka.consumer(settings, f"{settings.prefix}.controller")
+        # No group: every controller reads the whole (one-partition) topic, newest version wins.
+        self.consumer = Consumer({**settings.kafka(), "group.id": f"{settings.prefix}.controller",
+                                  "isolation.level": "read_committed",
+                                  "enable.auto.commit": False})
+        self.consumer.assign([TopicPartition(settings.topics.policy, 0, OFFSET_BEGINNING)])
         self.latest: dict | None = None
         self.applied: dict[str, int] = {}
         self._stopping = False
@@ -204,16 +208,8 @@ class Controller:
         self._stopping = True
 
     async def serve(self) -> None:
-        from confluent_kafka import OFFSET_BEGINNING
-
         from rollstream.codec import DecodeError, codec
 
-        def from_start(consumer: Any, partitions: list) -> None:
-            for tp in partitions:
-                tp.offset = OFFSET_BEGINNING
-            consumer.assign(partitions)
-
-        self.consumer.subscribe([self.settings.topics.policy], on_assign=from_start)
         timeout = aiohttp.ClientTimeout(total=max(600.0, self.settings.request_timeout_s))
         async with aiohttp.ClientSession(timeout=timeout) as session:
             next_check = 0.0
