@@ -62,6 +62,11 @@ class Settings:
     commit_interval_ms: int = field(
         default=200, metadata={"help": "how often a stage commits its transaction"}
     )
+    admission_window: int = field(
+        default=0,
+        metadata={"help": "INIT admits at most this many tasks beyond what the trainer has "
+                          "consumed (bounds staleness); 0: no limit"},
+    )
     instance_id: str = field(
         default="",
         metadata={"help": "stable id for static group membership and the transactional id"},

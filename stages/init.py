@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import time
 
+from rollstream.config import Settings
 from rollstream.envs.base import InvalidTask
 from rollstream.envs.registry import UnknownEnv, get_env
 from rollstream.runtime import EventContext, InvalidEvent, Output, Stage
+from stages.admission import AdmissionGate
 
 
 def episode_id(task_id: str, sample_index: int) -> str:
@@ -18,8 +20,20 @@ class InitStage(Stage):
     name = "init"
     input_record = "Task"
 
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(settings)
+        self.gate = (AdmissionGate(settings, settings.admission_window)
+                     if settings.admission_window > 0 else None)
+
     def input_topic(self) -> str:
         return self.topics.tasks
+
+    def capacity(self) -> int | None:
+        return None if self.gate is None else self.gate.capacity()
+
+    async def close(self) -> None:
+        if self.gate is not None:
+            self.gate.close()
 
     def handle(self, task: dict, ctx: EventContext) -> list[Output]:
         try:
@@ -30,6 +44,8 @@ class InitStage(Stage):
             raise InvalidEvent(f"task {task['task_id']!r}: group_size must be at least 1")
         if task["max_turns"] < 1:
             raise InvalidEvent(f"task {task['task_id']!r}: max_turns must be at least 1")
+        if self.gate is not None:
+            self.gate.admit()
         now = int(time.time() * 1000)
         return [
             Output(self.topics.episodes, episode_id(task["task_id"], i), "Episode", {

@@ -1,13 +1,17 @@
-"""The trainer bridge: scored trajectories in, batches of complete groups out.
+"""The trainer bridge: scored trajectories in, batches of complete, scored groups out.
 
 Offsets are committed only when the trainer acknowledges a batch. Samples of one group arrive
-on different partitions and out of order, so each partition's commit is its lowest
-unacknowledged offset, and acknowledged offsets above it travel in the commit metadata (see
-rollstream/offsets.py): a restarted bridge neither loses a batch nor hands one out twice.
+on different partitions and out of order, so each partition's commit is its lowest unacknowledged
+offset, and acknowledged offsets above it travel in the commit metadata (rollstream/offsets.py).
+With `transactional=True`, `Batch.ack(outputs)` commits the offsets and the trainer's outputs
+(its PolicyVersion event) in one Kafka transaction: a trainer restarted from the last committed
+PolicyVersion sees exactly the batches that version was not trained on, so none is lost and
+none is trained twice.
 """
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -19,8 +23,8 @@ from rollstream import kafka
 from rollstream.codec import DecodeError, codec
 from rollstream.config import Settings
 from rollstream.offsets import PartitionProgress, decode_done
-from rollstream.runtime import dead_letter
-from trainer_bridge.groups import Group, GroupAssembler, Sample
+from rollstream.runtime import Output, dead_letter
+from trainer_bridge.groups import Group, GroupAssembler, GroupPolicy, Sample
 
 
 @dataclass
@@ -33,10 +37,20 @@ class Batch:
     def samples(self) -> list[Sample]:
         return [s for g in self.groups for s in g.samples]
 
-    def ack(self) -> None:
-        """The trainer has taken this batch: commit its offsets."""
+    @property
+    def trainable(self) -> list[Sample]:
+        return [s for g in self.groups for s in g.trainable]
+
+    @property
+    def step_id(self) -> str:
+        """Names the batch by its episodes, so a step can be recognized if it comes back."""
+        ids = "\n".join(sorted(s.episode_id for s in self.samples))
+        return hashlib.sha1(ids.encode()).hexdigest()[:16]
+
+    def ack(self, outputs: list[Output] | None = None) -> None:
+        """The trainer has taken this batch: commit its offsets (and outputs, atomically)."""
         if not self.acked:
-            self._bridge._ack(self)
+            self._bridge._ack(self, outputs or [])
             self.acked = True
 
 
@@ -44,18 +58,30 @@ class TrainerBridge:
     """Iterator API: `for batch in bridge.batches(): trainer.step(batch); batch.ack()`."""
 
     def __init__(self, settings: Settings, groups_per_batch: int = 4,
-                 group: str | None = None) -> None:
+                 policy: GroupPolicy | None = None, group: str | None = None,
+                 transactional: bool = False) -> None:
         self.settings = settings
         self.topic = settings.topics.scored
         self.groups_per_batch = groups_per_batch
-        self.consumer = kafka.consumer(settings, group or f"{settings.prefix}.bridge")
-        self.assembler = GroupAssembler()
+        self.current_version = 0  # the trainer's policy version, for the staleness bound
+        group_id = group or f"{settings.prefix}.bridge"
+        self.consumer = kafka.consumer(settings, group_id)
+        self.producer = kafka.producer(
+            settings, kafka.process_id(settings, group_id) if transactional else None)
+        if transactional:
+            self.producer.init_transactions(60)
+        self.transactional = transactional
+        self.assembler = GroupAssembler(policy)
         self.progress: dict[int, PartitionProgress] = {}
-        self.dlq_producer = kafka.producer(settings)
         self.dead_lettered = 0
+        self._dead_letters: list[Output] = []
         self._ready: list[Group] = []
         self.consumer.subscribe([self.topic], on_assign=self._on_assign,
                                 on_revoke=self._on_revoke)
+
+    @property
+    def stats(self) -> dict[str, int]:
+        return {**self.assembler.stats, "dead_lettered": self.dead_lettered}
 
     def _on_assign(self, consumer: Any, partitions: list[TopicPartition]) -> None:
         for tp in consumer.committed(partitions, timeout=30):
@@ -90,6 +116,10 @@ class TrainerBridge:
                 return
             for msg in msgs:
                 self._accept(msg)
+            released, dropped = self.assembler.expire(self.current_version)
+            self._ready.extend(released)
+            for group in dropped:
+                self._finished(group.samples)
 
     def _accept(self, msg: Any) -> None:
         if msg.error() is not None:
@@ -106,32 +136,56 @@ class TrainerBridge:
         try:
             scored = codec().decode_as("ScoredTrajectory", msg.value())
         except DecodeError as exc:
-            # Flushed before the offset commit that passes it: at least once in the DLQ.
-            out = dead_letter(self.settings.topics, "bridge", msg, f"undecodable: {exc}")
-            kafka.produce(self.dlq_producer, out.topic, codec().encode("DeadLetter", out.value),
-                          key=out.key)
+            # Sent with the next ack, before or with the offset commit that passes it.
+            self._dead_letters.append(
+                dead_letter(self.settings.topics, "bridge", msg, f"undecodable: {exc}"))
             self.dead_lettered += 1
             progress.finished(msg.offset())
             return
-        group = self.assembler.add(Sample(scored, msg.partition(), msg.offset()))
+        sample = Sample(scored, msg.partition(), msg.offset())
+        pending = self.assembler.pending.get(scored["trajectory"]["task"]["task_id"])
+        group = self.assembler.add(sample, self.current_version)
         if group is not None:
             self._ready.append(group)
+        elif pending is not None and pending.task_id not in self.assembler.pending:
+            self._finished(pending.samples)  # released with nothing to learn from: dropped
 
-    def _ack(self, batch: Batch) -> None:
-        for s in batch.samples:
+    def _produce(self, out: Output) -> None:
+        value = None if out.value is None else codec().encode(out.record, out.value)
+        kafka.produce(self.producer, out.topic, value, key=out.key, partition=out.partition)
+
+    def _finished(self, samples: list[Sample]) -> None:
+        for s in samples:
             progress = self.progress.get(s.partition)
             if progress is not None:
                 progress.finished(s.offset)
+
+    def _ack(self, batch: Batch, outputs: list[Output]) -> None:
+        self._finished(batch.samples)
+        outputs = [*self._dead_letters, *outputs]
+        self._dead_letters.clear()
         offsets = [TopicPartition(self.topic, p, prog.watermark, metadata=prog.metadata())
                    for p, prog in self.progress.items() if prog.dirty]
-        if offsets:
-            self.dlq_producer.flush(30)
-            self.consumer.commit(offsets=offsets, asynchronous=False)
-            for prog in self.progress.values():
-                prog.dirty = False
+        if self.transactional:
+            self.producer.begin_transaction()
+            for out in outputs:
+                self._produce(out)
+            if offsets:
+                self.producer.send_offsets_to_transaction(
+                    offsets, self.consumer.consumer_group_metadata(), 30)
+            self.producer.commit_transaction(60)
+        else:
+            for out in outputs:
+                self._produce(out)
+            self.producer.flush(30)  # outputs before the offsets that pass them
+            if offsets:
+                self.consumer.commit(offsets=offsets, asynchronous=False)
+        for prog in self.progress.values():
+            prog.dirty = False
 
     def close(self) -> None:
         self.consumer.close()
+        self.producer.flush(30)
 
     def __enter__(self) -> TrainerBridge:
         return self

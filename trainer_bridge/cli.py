@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import json
 import statistics
+from pathlib import Path
 
 from rollstream import config
 
@@ -23,6 +24,35 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     config.add_arguments(parser)
     parser.set_defaults(func=run_bridge)
 
+    train = sub.add_parser(
+        "train", help="the reference trainer: GRPO on scored groups, publishing policy versions",
+        description="Consume <prefix>.scored through the trainer bridge, train the embedded "
+                    "policy with GRPO (PPO-clip), save a checkpoint per step and publish its "
+                    "PolicyVersion to <prefix>.policy in the transaction that commits the batch. "
+                    "Restarts resume from the newest committed version.")
+    train.add_argument("--checkpoint-dir", type=Path, required=True,
+                       help="where policy-v<N>.safetensors are written (servers must read it)")
+    train.add_argument("--init-checkpoint", type=Path, default=None,
+                       help="weights of version 0 when <prefix>.policy is empty (default: seed)")
+    train.add_argument("--groups-per-batch", type=int, default=4)
+    train.add_argument("--max-staleness", type=int, default=None,
+                       help="drop samples more than this many versions behind (default: keep)")
+    train.add_argument("--dr-grpo", action="store_true",
+                       help="advantages without std normalization (Dr. GRPO)")
+    train.add_argument("--group-timeout", type=float, default=300.0,
+                       help="seconds to wait for a group's missing samples")
+    train.add_argument("--incomplete", choices=("drop", "partial"), default="drop",
+                       help="what to do with a group that timed out")
+    train.add_argument("--keep-zero-variance", action="store_true",
+                       help="train on groups whose rewards are all equal (no signal: dropped)")
+    train.add_argument("--lr", type=float, default=3e-3)
+    train.add_argument("--clip-eps", type=float, default=0.2)
+    train.add_argument("--max-steps", type=int, default=None)
+    train.add_argument("--idle-timeout", type=float, default=None,
+                       help="stop after this many seconds without new events")
+    config.add_arguments(train)
+    train.set_defaults(func=run_train)
+
 
 def batch_summary(batch) -> dict:
     rewards = [s.scored["reward"] for s in batch.samples if s.scored["reward"] is not None]
@@ -33,6 +63,28 @@ def batch_summary(batch) -> dict:
         "mean_reward": statistics.fmean(rewards) if rewards else None,
         "failure_classes": sorted({s.scored["failure_class"] for s in batch.samples}),
     }
+
+
+def run_train(args: argparse.Namespace) -> int:
+    import logging
+
+    from rollstream.broker.local import resolve_bootstrap
+    from trainer_bridge.groups import GroupPolicy
+    from trainer_bridge.train_loop import train
+    from trainer_bridge.trainer import GRPOConfig
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    settings = config.load(args)
+    settings = dataclasses.replace(
+        settings, bootstrap_servers=resolve_bootstrap(settings.bootstrap_servers))
+    policy = GroupPolicy(normalize_std=not args.dr_grpo, max_staleness=args.max_staleness,
+                         group_timeout_s=args.group_timeout, incomplete=args.incomplete,
+                         drop_zero_variance=not args.keep_zero_variance)
+    train(settings, args.checkpoint_dir, groups_per_batch=args.groups_per_batch,
+          group_policy=policy, config=GRPOConfig(lr=args.lr, clip_eps=args.clip_eps),
+          init_checkpoint=args.init_checkpoint, max_steps=args.max_steps,
+          idle_timeout_s=args.idle_timeout)
+    return 0
 
 
 def run_bridge(args: argparse.Namespace) -> int:

@@ -1,8 +1,20 @@
-"""Assemble scored trajectories into their task's group (the GRPO group of samples)."""
+"""Assemble scored trajectories into their task's group (the GRPO group of samples).
+
+A group is released when all of its samples have arrived, or, for groups that never complete
+(a sample lost to a dead-lettered event, a task cancelled), after `group_timeout_s`: then it is
+either dropped or trained on with what arrived. Within a group, infra failures and samples older
+than the staleness bound take no part in the statistics; a group left with no reward variance
+carries no learning signal and is dropped (dynamic sampling). Everything dropped is counted.
+"""
 
 from __future__ import annotations
 
+import time
+from collections import Counter
 from dataclasses import dataclass, field
+from typing import Literal
+
+from trainer_bridge.advantages import group_advantages
 
 
 @dataclass
@@ -12,10 +24,20 @@ class Sample:
     scored: dict
     partition: int
     offset: int
+    advantage: float | None = None
 
     @property
     def episode_id(self) -> str:
         return self.scored["trajectory"]["episode_id"]
+
+    @property
+    def reward(self) -> float | None:
+        return self.scored["reward"]
+
+    @property
+    def oldest_version(self) -> int | None:
+        turns = self.scored["trajectory"]["turns"]
+        return min((t["policy_version"] for t in turns), default=None)
 
 
 @dataclass
@@ -23,6 +45,7 @@ class Group:
     task_id: str
     size: int
     samples: list[Sample] = field(default_factory=list)
+    first_seen: float = field(default_factory=time.monotonic)
 
     @property
     def complete(self) -> bool:
@@ -30,23 +53,86 @@ class Group:
 
     @property
     def rewards(self) -> list[float | None]:
-        return [s.scored["reward"] for s in self.samples]
+        return [s.reward for s in self.samples]
+
+    @property
+    def trainable(self) -> list[Sample]:
+        return [s for s in self.samples if s.advantage is not None]
+
+
+@dataclass(frozen=True)
+class GroupPolicy:
+    normalize_std: bool = True  # False: Dr. GRPO
+    max_staleness: int | None = None  # versions behind the trainer a sample may be
+    group_timeout_s: float = 300.0
+    incomplete: Literal["drop", "partial"] = "drop"
+    drop_zero_variance: bool = True
 
 
 class GroupAssembler:
     """Holds incomplete groups until every sample of the group has arrived."""
 
-    def __init__(self) -> None:
+    def __init__(self, policy: GroupPolicy | None = None) -> None:
+        self.policy = policy or GroupPolicy()
         self.pending: dict[str, Group] = {}
+        self.stats: Counter[str] = Counter()
 
-    def add(self, sample: Sample) -> Group | None:
-        """Add a sample; return its group once complete. A repeated episode id is ignored."""
+    def add(self, sample: Sample, current_version: int) -> Group | None:
+        """Add a sample; return its group once complete and scored. Repeats are ignored."""
         task = sample.scored["trajectory"]["task"]
         group = self.pending.setdefault(task["task_id"],
                                         Group(task["task_id"], task["group_size"]))
         if any(s.episode_id == sample.episode_id for s in group.samples):
+            self.stats["duplicate_samples"] += 1
             return None
         group.samples.append(sample)
-        if group.complete:
-            return self.pending.pop(group.task_id)
-        return None
+        if not group.complete:
+            return None
+        return self._release(self.pending.pop(group.task_id), current_version)
+
+    def expire(self, current_version: int, now: float | None = None) -> tuple[list[Group],
+                                                                                list[Group]]:
+        """Groups past their timeout: (released for training, dropped)."""
+        now = time.monotonic() if now is None else now
+        released, dropped = [], []
+        for task_id in [t for t, g in self.pending.items()
+                        if now - g.first_seen >= self.policy.group_timeout_s]:
+            group = self.pending.pop(task_id)
+            self.stats["groups_timed_out"] += 1
+            if self.policy.incomplete == "partial":
+                kept = self._release(group, current_version)
+                (released if kept is not None else dropped).append(kept or group)
+            else:
+                self.stats["groups_dropped_incomplete"] += 1
+                dropped.append(group)
+        return released, dropped
+
+    def _release(self, group: Group, current_version: int) -> Group | None:
+        """Score the group's samples; None when the group has nothing to learn from."""
+        rewards: list[float | None] = []
+        for s in group.samples:
+            if s.reward is None:
+                self.stats["infra_excluded"] += 1
+                rewards.append(None)
+            elif self._stale(s, current_version):
+                self.stats["stale_dropped"] += 1
+                rewards.append(None)
+            else:
+                rewards.append(s.reward)
+        valid = [r for r in rewards if r is not None]
+        if len(valid) < 2:
+            self.stats["groups_dropped_too_few"] += 1
+            return None
+        if self.policy.drop_zero_variance and max(valid) == min(valid):
+            self.stats["groups_dropped_zero_variance"] += 1
+            return None
+        for s, adv in zip(group.samples, group_advantages(rewards, self.policy.normalize_std),
+                          strict=True):
+            s.advantage = adv
+        self.stats["groups_released"] += 1
+        return group
+
+    def _stale(self, sample: Sample, current_version: int) -> bool:
+        oldest = sample.oldest_version
+        bound = self.policy.max_staleness
+        return bound is not None and oldest is not None and current_version - oldest > bound

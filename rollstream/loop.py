@@ -1,0 +1,136 @@
+"""The closed RL loop as real processes: policy server, controller, INIT, RUN, EVAL, trainer.
+
+Used by `rollstream demo` and by the test that checks learning. The environment is
+`copy_letter`; the base policy (version 0) is the seed model with its output restricted to the
+task's alphabet: like an instruction-tuned model that answers in the right format but does not
+yet know which answer is right, it scores about 1/8 before training.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from confluent_kafka import Consumer, TopicPartition
+
+from rollstream.codec import codec
+from rollstream.config import Settings
+from rollstream.envs.copy_letter import LETTERS, demo_tasks
+from rollstream.processes import ProcessGroup, free_port, wait_http
+
+
+def write_base_policy(path: Path, alphabet: str = LETTERS, seed: int = 0) -> None:
+    """Version 0: seed weights whose output layer favours the alphabet and the end token."""
+    import torch
+
+    from rollstream.policy.model import build_model, save
+    from rollstream.policy.tokenizer import END
+
+    model = build_model(seed)
+    with torch.no_grad():
+        bias = model.head.bias
+        bias.fill_(-8.0)
+        for ch in alphabet:
+            bias[ord(ch)] = 0.0
+        bias[END] = -1.0
+    save(model, path, version=0)
+
+
+@dataclass
+class LoopConfig:
+    tasks: int = 160
+    group_size: int = 8
+    groups_per_batch: int = 4
+    max_staleness: int = 2
+    admission_window: int = 12  # tasks (groups) in flight ahead of the trainer
+    lr: float = 1e-2
+    seed: int = 0
+
+
+@dataclass
+class Progress:
+    """What the loop has produced so far, read from <p>.scored and <p>.policy."""
+
+    scored: list[dict] = field(default_factory=list)
+    versions: list[dict] = field(default_factory=list)
+    scored_times: list[float] = field(default_factory=list)
+
+    def reward_by_version(self) -> dict[int, tuple[float, int]]:
+        """Mean reward (and count) of the samples each policy version produced."""
+        by: dict[int, list[float]] = {}
+        for s in self.scored:
+            turns = s["trajectory"]["turns"]
+            if s["reward"] is not None and turns:
+                by.setdefault(turns[0]["policy_version"], []).append(s["reward"])
+        return {v: (statistics.fmean(r), len(r)) for v, r in sorted(by.items())}
+
+
+class ClosedLoop:
+    def __init__(self, settings: Settings, workdir: Path, config: LoopConfig) -> None:
+        self.settings = settings
+        self.workdir = workdir
+        self.config = config
+        self.procs = ProcessGroup(workdir / "logs")
+        self.checkpoints = workdir / "checkpoints"
+        self.progress = Progress()
+        self._readers: list[Consumer] = []
+
+    def start(self) -> None:
+        self.checkpoints.mkdir(parents=True, exist_ok=True)
+        base = self.checkpoints / "policy-v0.safetensors"
+        write_base_policy(base, seed=self.config.seed)
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        common = ["--bootstrap-servers", self.settings.bootstrap_servers,
+                  "--prefix", self.settings.prefix, "--policy-url", url]
+        server = self.procs.start("policy", "serve-policy", "--port", str(port),
+                                  "--checkpoint", str(base), "--seed", str(self.config.seed))
+        self.procs.start("controller", "controller", *common)
+        self.procs.start("init", "stage", "init", *common,
+                         "--admission-window", str(self.config.admission_window))
+        self.procs.start("run", "stage", "run", *common)
+        self.procs.start("eval", "stage", "eval", *common)
+        self.procs.start("train", "train", *common, "--checkpoint-dir", str(self.checkpoints),
+                         "--init-checkpoint", str(base),
+                         "--groups-per-batch", str(self.config.groups_per_batch),
+                         "--max-staleness", str(self.config.max_staleness),
+                         "--lr", str(self.config.lr))
+        wait_http(f"{url}/health", proc=server, timeout=120)
+
+    def tasks(self) -> list[dict]:
+        from producers.publish import validate_task
+
+        return [validate_task(t) for t in demo_tasks(self.config.tasks, self.config.group_size,
+                                                     self.config.seed)]
+
+    def follow(self, deadline: float) -> Iterator[Progress]:
+        """Yield the progress every half second until the deadline (or the caller stops)."""
+        scored = self._reader(self.settings.topics.scored)
+        policy = self._reader(self.settings.topics.policy)
+        while time.time() < deadline:
+            self.procs.check_alive()
+            for reader, record, into in ((scored, "ScoredTrajectory", self.progress.scored),
+                                         (policy, "PolicyVersion", self.progress.versions)):
+                for msg in reader.consume(1000, timeout=0.25):
+                    if msg.error() is None:
+                        into.append(codec().decode_as(record, msg.value()))
+                        if into is self.progress.scored:
+                            self.progress.scored_times.append(time.time())
+            yield self.progress
+        raise TimeoutError("the loop did not finish in time")
+
+    def _reader(self, topic: str) -> Consumer:
+        c = Consumer({**self.settings.kafka(), "group.id": f"{self.settings.prefix}.watch",
+                      "isolation.level": "read_committed", "enable.auto.commit": False})
+        parts = c.list_topics(topic, timeout=10).topics[topic].partitions
+        c.assign([TopicPartition(topic, p, 0) for p in parts])
+        self._readers.append(c)
+        return c
+
+    def stop(self) -> None:
+        for reader in self._readers:
+            reader.close()
+        self.procs.stop_all()

@@ -1,0 +1,91 @@
+"""Admission control: INIT lets a task into the pipeline only while the work in flight fits what
+the trainer can take within the staleness bound.
+
+The trainer publishes, with every PolicyVersion, how many groups it is done with (trained or
+dropped). INIT admits a task while `admitted - consumed < window`; otherwise its capacity is 0
+and the runtime pauses the tasks partitions: backpressure through Kafka, the tasks wait in the
+log. Rollouts therefore never run more than `window` groups ahead of training, whatever the
+speed of the stages. If the trainer makes no progress for `stall_s` (every group of a window
+was dropped for lack of reward variance, so no step was taken and no version published), one
+more window is let in, so the loop cannot stall; the bridge's staleness bound still applies.
+INIT's count of admitted tasks starts at 0 when a process starts: after a restart it may let
+up to one window more in.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+from rollstream.codec import DecodeError, codec
+from rollstream.config import Settings
+
+CONSUMED = "groups_consumed"  # the PolicyVersion metric written by trainer_bridge.train_loop
+
+
+class PolicyFollower:
+    """Follows <p>.policy in a background thread: the newest version and its metrics."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.version = -1
+        self.consumed = 0
+        self._consumer = Consumer({
+            **settings.kafka(),
+            "group.id": f"rollstream-follower-{uuid.uuid4().hex[:8]}",
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+        })
+        self._consumer.assign([TopicPartition(settings.topics.policy, 0, OFFSET_BEGINNING)])
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._follow, name="policy-follower", daemon=True)
+        self._thread.start()
+
+    def _follow(self) -> None:
+        while not self._stop.is_set():
+            msg = self._consumer.poll(0.2)
+            if msg is None or msg.error() is not None:
+                continue
+            try:
+                event = codec().decode_as("PolicyVersion", msg.value())
+            except DecodeError:
+                continue  # not ours to judge here; the policy topic's writers are trusted
+            if event["version"] > self.version:
+                self.version = event["version"]
+                self.consumed = int(event["metrics"].get(CONSUMED, self.consumed))
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self._consumer.close()
+
+
+class AdmissionGate:
+    def __init__(self, settings: Settings, window: int, stall_s: float = 10.0) -> None:
+        self.window = window
+        self.stall_s = stall_s
+        self.admitted = 0
+        self.follower = PolicyFollower(settings)
+        self._bonus = 0
+        self._last_consumed = 0
+        self._last_progress = time.monotonic()
+
+    def capacity(self) -> int:
+        consumed = self.follower.consumed
+        now = time.monotonic()
+        if consumed != self._last_consumed:
+            self._last_consumed, self._last_progress = consumed, now
+        room = self.window - (self.admitted - consumed - self._bonus)
+        if room <= 0 and now - self._last_progress > self.stall_s:
+            self._bonus += self.window
+            self._last_progress = now
+            room += self.window
+        return max(room, 0)
+
+    def admit(self) -> None:
+        self.admitted += 1
+
+    def close(self) -> None:
+        self.follower.close()

@@ -1,0 +1,75 @@
+"""The closed loop's trainer process: bridge batches → trainer step → PolicyVersion, atomically.
+
+Each step's PolicyVersion is published in the same Kafka transaction that commits the batch's
+offsets. A restarted trainer loads the checkpoint of the newest *committed* PolicyVersion (a
+checkpoint written by a step whose transaction never committed is ignored and overwritten), and
+the bridge hands it exactly the batches that version was not trained on: no batch is lost, none
+is trained twice. Adam's moments are not checkpointed; a restart begins them anew.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
+from rollstream import kafka
+from rollstream.codec import codec
+from rollstream.config import Settings
+from rollstream.runtime import Output
+from trainer_bridge.bridge import TrainerBridge
+from trainer_bridge.groups import GroupPolicy
+from trainer_bridge.trainer import GRPOConfig, GRPOTrainer, TinyPolicy
+
+log = logging.getLogger("rollstream.train")
+
+CONSUMED = "groups_consumed"  # PolicyVersion metric INIT's admission control reads
+
+
+def latest_policy(settings: Settings) -> dict | None:
+    """The newest committed PolicyVersion on <p>.policy, or None."""
+    latest = None
+    for msg in kafka.read_partitions(
+            settings, [TopicPartition(settings.topics.policy, 0, OFFSET_BEGINNING)]):
+        event = codec().decode_as("PolicyVersion", msg.value())
+        if latest is None or event["version"] > latest["version"]:
+            latest = event
+    return latest
+
+
+def groups_consumed(stats: dict[str, int]) -> int:
+    """Groups the trainer is done with: trained, or dropped for any reason."""
+    return sum(v for k, v in stats.items()
+               if k == "groups_released" or k.startswith("groups_dropped"))
+
+
+def train(settings: Settings, checkpoint_dir: Path, *, groups_per_batch: int = 4,
+          group_policy: GroupPolicy | None = None, config: GRPOConfig | None = None,
+          init_checkpoint: Path | None = None, max_steps: int | None = None,
+          idle_timeout_s: float | None = None,
+          on_step: Callable[[dict], None] | None = None) -> int:
+    """Run training steps until max_steps or idle; return the number of steps taken."""
+    latest = latest_policy(settings)
+    start = Path(latest["uri"]) if latest is not None else init_checkpoint
+    policy = TinyPolicy(start)
+    trainer = GRPOTrainer(policy, checkpoint_dir, policy.version, config)
+    base_consumed = int(latest["metrics"].get(CONSUMED, 0)) if latest is not None else 0
+    log.info("training from policy version %d (%s)", policy.version, start or "seed weights")
+    steps = 0
+    with TrainerBridge(settings, groups_per_batch, group_policy, transactional=True) as bridge:
+        bridge.current_version = policy.version
+        for batch in bridge.batches(max_steps, idle_timeout_s):
+            event = trainer.step(batch)
+            event["metrics"][CONSUMED] = float(base_consumed + groups_consumed(bridge.stats))
+            for key, value in bridge.stats.items():
+                event["metrics"][f"bridge_{key}"] = float(value)
+            batch.ack([Output(settings.topics.policy, "policy", "PolicyVersion", event)])
+            bridge.current_version = event["version"]
+            steps += 1
+            log.info("step %d: version %d, mean reward %.3f, loss %.4f", steps, event["version"],
+                     event["metrics"]["mean_reward"], event["metrics"]["loss"])
+            if on_step is not None:
+                on_step(event)
+    return steps
