@@ -1,8 +1,11 @@
-"""`rollstream demo`: the whole pipeline on the embedded defaults, end to end, then a summary.
+"""`rollstream demo`: the whole RL loop on the embedded defaults, live, then a summary and a plot.
 
-Starts (or reuses) the broker, creates the topics, starts the policy server and one process per
-stage, publishes the sample tasks, follows <p>.scored until every episode is scored, prints a
-summary and stops everything it started.
+Starts (or reuses) the broker, creates a fresh set of topics for this run, starts the embedded
+policy server, the inference controller, INIT, RUN, EVAL and the trainer as separate processes,
+publishes `copy_letter` tasks and follows the loop: tasks published, work waiting in each stage,
+episodes scored, policy version, mean reward. At the end it prints a summary table, writes a PNG
+plot of mean reward per policy version and of throughput over time, and stops everything it
+started.
 """
 
 from __future__ import annotations
@@ -12,155 +15,163 @@ import dataclasses
 import statistics
 import time
 import uuid
-from collections import Counter
 from pathlib import Path
 
 from rollstream import config
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "tasks"
-DEFAULT_TASK_FILES = ["arithmetic.jsonl", "guess_number.jsonl", "reverse.jsonl"]
-
 
 def register_cli(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
-        "demo", help="run the whole pipeline on the embedded defaults and print a summary",
-        description=__doc__)
-    parser.add_argument("--tasks", type=Path, nargs="*", default=None,
-                        help="task files (JSONL); default: the samples in examples/tasks")
-    parser.add_argument("--timeout", type=float, default=600.0,
-                        help="give up after this many seconds")
-    parser.add_argument("--log-dir", type=Path, default=None,
-                        help="where process logs go (default: .rollstream/demo-logs)")
+        "demo", help="run the whole RL loop on the embedded defaults, then summarize and plot",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tasks", type=int, default=300, help="copy_letter tasks to publish")
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--timeout", type=float, default=280.0,
+                        help="stop the loop after this many seconds")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="folder for the plot, logs and checkpoints "
+                             "(default: .rollstream/demo/<run>)")
+    parser.add_argument("--keep-topics", action="store_true",
+                        help="keep this run's topics (to replay them) instead of deleting them")
     config.add_arguments(parser)
     parser.set_defaults(func=run_demo)
 
 
 def run_demo(args: argparse.Namespace) -> int:
     from rich.console import Console
-    from rich.progress import Progress
+    from rich.live import Live
 
-    from producers.publish import load_tasks, publish
+    from producers.publish import publish
     from rollstream.broker import local
-    from rollstream.processes import ProcessGroup, free_port, wait_http
-    from rollstream.topics import create_topics
+    from rollstream.loop import ClosedLoop, LoopConfig
+    from rollstream.topics import create_topics, delete_topics
 
     console = Console()
-    started_broker = not local.is_running() and not config.load(args).bootstrap_servers
-    settings = config.load(args)
-    settings = dataclasses.replace(
-        settings, bootstrap_servers=local.resolve_bootstrap(settings.bootstrap_servers))
-    console.print(f"broker: {settings.bootstrap_servers}")
-    create_topics(settings.bootstrap_servers, settings.prefix, settings.partitions)
-
     run_id = uuid.uuid4().hex[:6]
-    tasks = []
-    for path in args.tasks or [EXAMPLES / name for name in DEFAULT_TASK_FILES]:
-        for task in load_tasks(path):
-            task["task_id"] = f"demo-{run_id}/{task['task_id']}"  # this run's episodes only
-            tasks.append(task)
-    expected = sum(t["group_size"] for t in tasks)
-
-    procs = ProcessGroup(args.log_dir or local.home() / "demo-logs")
-    port = free_port()
-    policy_url = f"http://127.0.0.1:{port}"
-    common = ["--bootstrap-servers", settings.bootstrap_servers, "--prefix", settings.prefix]
+    settings = config.load(args)
+    started_broker = not settings.bootstrap_servers and not local.is_running()
+    prefix = settings.prefix if args.prefix else f"demo-{run_id}"
+    settings = dataclasses.replace(
+        settings, prefix=prefix, partitions=4,
+        bootstrap_servers=local.resolve_bootstrap(settings.bootstrap_servers))
+    out = args.out or local.home() / "demo" / prefix
+    console.print(f"broker {settings.bootstrap_servers}, topics {prefix}.*, files in {out}")
+    create_topics(settings.bootstrap_servers, prefix, settings.partitions)
+    loop = ClosedLoop(settings, out, LoopConfig(tasks=args.tasks, group_size=args.group_size,
+                                                seed=args.seed))
+    t0 = time.time()
     try:
-        server = procs.start("policy", "serve-policy", "--port", str(port))
-        for stage in ("init", "run", "eval"):
-            procs.start(stage, "stage", stage, *common, "--policy-url", policy_url)
-        wait_http(f"{policy_url}/health", proc=server)
-        start_offsets = _end_offsets(settings)
-        t0 = time.time()
-        sent = publish(settings, tasks)
-        console.print(f"published {sent} tasks ({expected} episodes), run {run_id}")
-        scored: list[dict] = []
-        with Progress(console=console) as progress:
-            bar = progress.add_task("scored episodes", total=expected)
-            for event in _follow_scored(settings, start_offsets, f"demo-{run_id}/",
-                                        deadline=t0 + args.timeout, procs=procs):
-                scored.append(event)
-                progress.update(bar, completed=len(scored))
-                if len(scored) >= expected:
+        loop.start()
+        tasks = loop.tasks()
+        publish(settings, tasks)
+        expected = len(tasks) * args.group_size
+        with Live(console=console, refresh_per_second=4) as live:
+            for progress in loop.follow(deadline=t0 + args.timeout):
+                live.update(_live_table(progress, len(tasks), expected, loop, time.time() - t0))
+                if len(progress.scored) >= expected:
                     break
+        console.print()
         elapsed = time.time() - t0
-        _print_summary(console, scored, expected, elapsed)
-        return 0 if len(scored) == expected else 1
+        plot = out / "demo.png"
+        _plot(loop.progress, t0, plot)
+        _summary(console, loop.progress, expected, elapsed, plot)
+        return 0
+    except TimeoutError:
+        console.print(f"[red]the loop did not finish within {args.timeout:.0f}s; logs in "
+                      f"{out / 'logs'}[/red]")
+        return 1
     finally:
-        procs.stop_all()
+        loop.stop()
+        if not args.keep_topics:
+            delete_topics(settings.bootstrap_servers, prefix)
         if started_broker:
             local.stop()
 
 
-def _end_offsets(settings: config.Settings) -> dict[int, int]:
-    from confluent_kafka import Consumer, TopicPartition
-
-    c = Consumer({**settings.kafka(), "group.id": "rollstream-demo-offsets"})
-    try:
-        meta = c.list_topics(settings.topics.scored, timeout=10).topics[settings.topics.scored]
-        return {p: c.get_watermark_offsets(TopicPartition(settings.topics.scored, p),
-                                           timeout=10)[1] for p in meta.partitions}
-    finally:
-        c.close()
+def _recent_reward(progress, n: int = 200) -> float | None:
+    rewards = [s["reward"] for s in progress.scored[-n:] if s["reward"] is not None]
+    return statistics.fmean(rewards) if rewards else None
 
 
-def _follow_scored(settings: config.Settings, start: dict[int, int], task_prefix: str,
-                   deadline: float, procs):
-    from confluent_kafka import Consumer, TopicPartition
-
-    from rollstream.codec import codec
-
-    c = Consumer({**settings.kafka(), "group.id": "rollstream-demo-follow",
-                  "isolation.level": "read_committed", "enable.auto.commit": False})
-    c.assign([TopicPartition(settings.topics.scored, p, o) for p, o in start.items()])
-    try:
-        while time.time() < deadline:
-            procs.check_alive()
-            for msg in c.consume(500, timeout=0.5):
-                if msg.error() is None:
-                    event = codec().decode_as("ScoredTrajectory", msg.value())
-                    if event["trajectory"]["task"]["task_id"].startswith(task_prefix):
-                        yield event
-        raise TimeoutError("demo timed out before every episode was scored")
-    finally:
-        c.close()
-
-
-def _print_summary(console, scored: list[dict], expected: int, elapsed: float) -> None:
+def _live_table(progress, tasks: int, expected: int, loop, elapsed: float):
+    from rich.progress_bar import ProgressBar
     from rich.table import Table
 
-    by_env: dict[str, list[dict]] = {}
-    for s in scored:
-        by_env.setdefault(s["trajectory"]["task"]["env"], []).append(s)
-    table = Table(title="Rollstream demo summary")
-    for col in ("env", "episodes", "mean reward", "turns/episode", "failure classes"):
-        table.add_column(col)
-    for env, items in sorted(by_env.items()):
-        rewards = [s["reward"] for s in items if s["reward"] is not None]
-        classes = Counter(s["failure_class"] for s in items)
-        table.add_row(env, str(len(items)),
-                      f"{statistics.fmean(rewards):.3f}" if rewards else "-",
-                      f"{statistics.fmean(len(s['trajectory']['turns']) for s in items):.2f}",
-                      ", ".join(f"{k}={v}" for k, v in sorted(classes.items())))
+    lag = loop.stage_lag()
+    table = Table(title=f"Rollstream demo: {elapsed:.0f}s", show_header=False)
+    table.add_column(justify="right")
+    table.add_column()
+    table.add_row("tasks published", str(tasks))
+    table.add_row("waiting for INIT / RUN / EVAL",
+                  f"{lag['init']} tasks / {lag['run']} episodes / {lag['eval']} trajectories")
+    table.add_row("episodes scored",
+                  ProgressBar(total=expected, completed=len(progress.scored), width=40))
+    table.add_row("", f"{len(progress.scored)}/{expected}")
+    version = progress.versions[-1]["version"] if progress.versions else 0
+    table.add_row("policy version", str(version))
+    recent = _recent_reward(progress)
+    table.add_row("mean reward (last 200)", "-" if recent is None else f"{recent:.3f}")
+    return table
+
+
+def _summary(console, progress, expected: int, elapsed: float, plot: Path) -> None:
+    from rich.table import Table
+
+    by_version = progress.reward_by_version()
+    table = Table(title="mean reward by the policy version that sampled it")
+    for col in ("policy version", "episodes", "mean reward"):
+        table.add_column(col, justify="right")
+    for version, (mean, n) in by_version.items():
+        table.add_row(str(version), str(n), f"{mean:.3f}")
     console.print(table)
+    rewards = [s["reward"] for s in progress.scored if s["reward"] is not None]
+    classes: dict[str, int] = {}
+    for s in progress.scored:
+        classes[s["failure_class"]] = classes.get(s["failure_class"], 0) + 1
+    first = progress.scored[: len(progress.scored) // 5]
+    last = progress.scored[-len(progress.scored) // 5:]
+    summary = Table(title="summary", show_header=False)
+    summary.add_column(justify="right")
+    summary.add_column()
+    summary.add_row("episodes scored", f"{len(progress.scored)}/{expected} in {elapsed:.1f}s "
+                                       f"({len(progress.scored) / elapsed:.1f}/s)")
+    summary.add_row("policy versions trained", str(len(progress.versions)))
+    summary.add_row("mean reward, first / last fifth of episodes",
+                    f"{_mean(first):.3f} → {_mean(last):.3f}")
+    summary.add_row("mean reward, all", f"{statistics.fmean(rewards):.3f}" if rewards else "-")
+    summary.add_row("failure classes", ", ".join(f"{k}={v}" for k, v in sorted(classes.items())))
+    summary.add_row("plot", str(plot))
+    console.print(summary)
+
+
+def _mean(scored: list[dict]) -> float:
     rewards = [s["reward"] for s in scored if s["reward"] is not None]
-    console.print(f"episodes scored: {len(scored)}/{expected} in {elapsed:.1f}s "
-                  f"({len(scored) / elapsed:.1f} episodes/s)")
-    if rewards:
-        console.print(f"mean reward: {statistics.fmean(rewards):.3f}")
-    latency = Table(title="per-stage latency (ms)")
-    for col in ("stage", "p50", "p99"):
-        latency.add_column(col)
-    spans = {
-        "publish → RUN start (INIT + queue)": [
-            t["started_at_ms"] - t["task"]["created_at_ms"]
-            for t in (s["trajectory"] for s in scored)],
-        "RUN (whole episode)": [t["finished_at_ms"] - t["started_at_ms"]
-                                for t in (s["trajectory"] for s in scored)],
-        "RUN → scored (EVAL + queue)": [s["scored_at_ms"] - s["trajectory"]["finished_at_ms"]
-                                        for s in scored],
-    }
-    for name, values in spans.items():
-        if values:
-            q = statistics.quantiles(values, n=100) if len(values) > 1 else values * 99
-            latency.add_row(name, f"{q[49]:.0f}", f"{q[98]:.0f}")
-    console.print(latency)
+    return statistics.fmean(rewards) if rewards else 0.0
+
+
+def _plot(progress, t0: float, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display needed
+    import matplotlib.pyplot as plt
+
+    by_version = progress.reward_by_version()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    left.plot(list(by_version), [m for m, _ in by_version.values()], marker="o")
+    left.set(xlabel="policy version", ylabel="mean reward", ylim=(0, 1.05),
+             title="reward of the samples each version produced")
+    left.grid(alpha=0.3)
+    times = [t - t0 for t in progress.scored_times]
+    if times:
+        width = 5.0
+        edges = [i * width for i in range(int(max(times) // width) + 2)]
+        counts = [sum(1 for t in times if a <= t < a + width) / width for a in edges[:-1]]
+        right.step(edges[:-1], counts, where="post")
+    right.set(xlabel="seconds since start", ylabel="episodes scored per second",
+              title="throughput")
+    right.grid(alpha=0.3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -130,6 +130,26 @@ class ClosedLoop:
         self._readers.append(c)
         return c
 
+    def stage_lag(self) -> dict[str, int]:
+        """Events waiting in each stage's input topic (end offset minus committed offset)."""
+        topics = self.settings.topics
+        lag = {}
+        for stage, topic in (("init", topics.tasks), ("run", topics.episodes),
+                             ("eval", topics.trajectories)):
+            probe = Consumer({**self.settings.kafka(),
+                              "group.id": f"{self.settings.prefix}.{stage}"})
+            try:
+                parts = [TopicPartition(topic, p) for p in range(self.settings.partitions)]
+                committed = probe.committed(parts, timeout=5)
+                ends = [probe.get_watermark_offsets(tp, timeout=5, cached=False)[1]
+                        for tp in parts]
+                # Transaction markers take offsets too: a small overcount while work flows.
+                lag[stage] = sum(max(end - max(tp.offset, 0), 0)
+                                 for tp, end in zip(committed, ends, strict=True))
+            finally:
+                probe.close()
+        return lag
+
     def stop(self) -> None:
         for reader in self._readers:
             reader.close()

@@ -63,7 +63,7 @@ class PolicyFollower:
 
 
 class AdmissionGate:
-    def __init__(self, settings: Settings, window: int, stall_s: float = 10.0) -> None:
+    def __init__(self, settings: Settings, window: int, stall_s: float = 3.0) -> None:
         self.window = window
         self.stall_s = stall_s
         self.admitted = 0
