@@ -21,10 +21,12 @@ from rollstream.inference import (
     InferenceClient,
     InferenceError,
     ServerError,
+    parse_load,
     request_body,
 )
 from rollstream.policy.chat import EmbeddedChatTemplate
 from rollstream.policy.server import BackgroundServer
+from rollstream.policy.simulated import Fleet, SimulatedServer
 from rollstream.policy.tokenizer import END
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -214,3 +216,57 @@ def test_client_context_overflow_and_length_against_embedded_server(policy: str)
     short, overflow = asyncio.run(call())
     assert short.finish_reason == "length" and len(short.token_ids) == 5
     assert overflow.max_model_len == 2048 and overflow.prompt_tokens == 2040
+
+
+# --- what a router reads: load gauges, models, LoRA by name, the prompt echo ----------------
+
+
+def test_load_gauges_from_a_vllm_metrics_page() -> None:
+    # Two engines (data parallel): requests add up, KV usage is the fullest engine's.
+    load = parse_load((FIXTURES / "vllm_metrics.txt").read_text())
+    assert load == {"running": 15.0, "waiting": 5.0, "kv_usage": 0.42}
+    assert parse_load("vllm:gpu_cache_usage_perc 0.5\n") == {"kv_usage": 0.5}  # pre-0.10 name
+    assert parse_load("# nothing here\n") == {}
+
+
+def test_embedded_server_serves_the_same_load_gauges(policy: str) -> None:
+    async def call() -> tuple[dict[str, float], bool, list[dict[str, Any]]]:
+        async with InferenceClient(policy) as client:
+            return await client.load(), await client.healthy(), await client.models()
+
+    load, healthy, models = asyncio.run(call())
+    assert healthy and set(load) == {"running", "waiting", "kv_usage"}
+    assert models[0]["id"] == "rollstream-tiny"
+
+
+def test_lora_adapter_is_requested_by_name_and_echo_mismatch_is_caught() -> None:
+    seen: list[Any] = []
+    echoed = json.loads(json.dumps(VLLM_RESPONSE))
+    echoed["choices"][0]["prompt_token_ids"] = QWEN_PROMPT
+
+    async def completions(request: web.Request) -> web.Response:
+        seen.append(await request.json())
+        return web.json_response(echoed)
+
+    async def call(url: str) -> BaseException:
+        async with InferenceClient(url) as client:
+            await client.complete(QWEN_PROMPT, SAMPLING, QWEN_STOP, model="rollstream-policy-v3")
+            with pytest.raises(InferenceError, match="prompt_token_ids differ") as info:
+                await client.complete(QWEN_PROMPT[:-1], SAMPLING, QWEN_STOP)
+            return info.value
+
+    err = asyncio.run(fake_vllm(completions, call))
+    assert seen[0] == {**VLLM_REQUEST, "model": "rollstream-policy-v3"}
+    assert not err.retryable
+
+
+def test_simulated_server_follows_the_same_contract() -> None:
+    with Fleet([SimulatedServer()]) as fleet:
+
+        async def call() -> tuple[Completion, dict[str, float]]:
+            async with InferenceClient(fleet.urls[0]) as client:
+                return await client.complete([1, 2, 3], SAMPLING, [END]), await client.load()
+
+        completion, load = asyncio.run(call())
+    assert completion.token_ids[-1] == END and completion.finish_reason == "stop"
+    assert completion.policy_version == 0 and load["running"] == 0.0
