@@ -18,6 +18,7 @@ from fastavro.validation import ValidationError, validate
 from rollstream.codec import codec
 from rollstream.config import Settings
 from rollstream.envs.registry import UnknownEnv, get_env
+from rollstream.envs.swe import sources as swe_sources
 from rollstream.kafka import process_id, produce, producer
 
 
@@ -47,7 +48,20 @@ def _read_jsonl(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
             yield where, item
 
 
-FORMATS: dict[str, Loader] = {"rollstream": _read_jsonl}
+def _swe_loader(source: str) -> Loader:
+    """SWE-bench-family instance files (rollstream.envs.swe.sources), errors as TaskFileError."""
+    def load(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
+        try:
+            yield from swe_sources.loader(source)(path)
+        except swe_sources.SourceError as exc:
+            raise TaskFileError(str(exc)) from None
+    return load
+
+
+FORMATS: dict[str, Loader] = {
+    "rollstream": _read_jsonl,
+    **{source: _swe_loader(source) for source in swe_sources.SOURCES},
+}
 
 
 def _show(value: Any) -> str:

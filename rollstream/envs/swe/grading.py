@@ -1,0 +1,86 @@
+"""EVAL for SWE tasks: apply the agent's patch in a fresh sandbox and run the task's tests.
+
+Steps (SWE-bench's harness, in a sandbox of any backend): build the repository; apply the model
+patch (git apply, then --3way, then patch --fuzz); put the test files back to the base commit
+and apply the test patch; run the test command on the test directives; parse the log. Resolved
+means every FAIL_TO_PASS and every PASS_TO_PASS test passes (or, for tasks that give expected
+statuses, every listed test has its expected status).
+
+Outcomes: resolved → reward 1, "ok"; tests ran but not resolved → 0, "ok"; empty patch or a
+patch that does not apply → 0, "agent"; the task's own setup or test patch fails → "env";
+the sandbox fails → "infra" (neither with a reward).
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from rollstream.envs.base import Score, agent_failure
+from rollstream.envs.swe import workspace
+from rollstream.envs.swe.instance import SweInstance, patch_files
+from rollstream.envs.swe.log_parsers import PASSING, get_parser
+from rollstream.envs.swe.workspace import WorkspaceError
+from rollstream.sandbox import SandboxError, SandboxSpec, create_sandbox
+
+LOG_BYTES = 4 << 20  # test logs: the summary is at the end, so the tail is kept
+
+
+def resolution(instance: SweInstance, statuses: dict[str, str]) -> dict[str, list[str]]:
+    """Which required tests failed (absent from the log counts as failed)."""
+    if instance.expected_statuses:
+        return {"mismatched": [t for t, want in instance.expected_statuses.items()
+                               if statuses.get(t) != want]}
+    return {name: [t for t in tests if statuses.get(t) not in PASSING]
+            for name, tests in (("FAIL_TO_PASS", instance.fail_to_pass),
+                                ("PASS_TO_PASS", instance.pass_to_pass))}
+
+
+def sandbox_spec(instance: SweInstance, **labels: str) -> SandboxSpec:
+    return SandboxSpec(image=instance.image, labels={"task": instance.instance_id, **labels})
+
+
+async def grade(instance: SweInstance, patch: str) -> Score:
+    """Score `patch` (the agent's diff) against the task's tests."""
+    if not patch.strip():
+        return agent_failure("empty patch")
+    try:
+        sandbox = await create_sandbox(sandbox_spec(instance, stage="eval"))
+    except SandboxError as exc:
+        return Score(None, "infra", {"reason": f"sandbox: {exc}"})
+    try:
+        return await _grade_in(sandbox, instance, patch)
+    except SandboxError as exc:
+        return Score(None, "infra", {"reason": f"sandbox: {exc}"})
+    except WorkspaceError as exc:
+        return Score(None, "env", {"reason": str(exc)})
+    finally:
+        await sandbox.destroy()
+
+
+async def _grade_in(sandbox, instance: SweInstance, patch: str) -> Score:
+    base = await workspace.prepare(sandbox, instance)
+    applied = await workspace.apply_patch(sandbox, patch, base, "model")
+    if not applied.applied:
+        return agent_failure("patch does not apply", log=applied.log[-4000:])
+    tests = patch_files(instance.test_patch)
+    if tests:
+        # The agent may have edited the test files; the test patch expects them as at base.
+        quoted = " ".join(shlex.quote(t) for t in tests)
+        await sandbox.exec(f"for f in {quoted}; do git cat-file -e {base}:\"$f\" 2>/dev/null "
+                           f"&& git checkout -q {base} -- \"$f\"; done; true")
+        test_apply = await sandbox.exec(["git", "apply", "--verbose", "-"],
+                                        stdin=instance.test_patch.encode())
+        if not test_apply.ok:
+            raise WorkspaceError(f"the test patch does not apply: {test_apply.text.strip()}")
+    directives = " ".join(shlex.quote(d) for d in instance.directives)
+    run = await sandbox.exec(f"{instance.test_cmd} {directives}",
+                             timeout_s=instance.eval_timeout_s, output_bytes=LOG_BYTES)
+    statuses = get_parser(instance.log_parser)(run.text)
+    failing = resolution(instance, statuses)
+    resolved = not any(failing.values())
+    verifier = {"resolved": resolved, "apply": applied.command, "failing": failing,
+                "tests_run": len(statuses), "exit_code": run.exit_code,
+                "timed_out": run.timed_out}
+    if not statuses:
+        verifier["log_tail"] = run.text[-2000:]
+    return Score(1.0 if resolved else 0.0, "ok", verifier)
