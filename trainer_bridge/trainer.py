@@ -98,7 +98,7 @@ class GRPOTrainer:
         loss = (per_token * mask).sum() / tokens  # token-level mean, as in DAPO / Dr. GRPO
         with torch.no_grad():
             clip_frac = (((ratio - 1).abs() > self.config.clip_eps).float() * mask).sum() / tokens
-        return loss, {"loss": float(loss), "clip_frac": float(clip_frac)}
+        return loss, {"loss": loss.item(), "clip_frac": float(clip_frac)}
 
     def step(self, batch: Batch) -> dict:
         samples = batch.trainable
