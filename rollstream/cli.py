@@ -14,6 +14,7 @@ FEATURE_MODULES = [
     "stages.cli",
     "trainer_bridge.cli",
     "rollstream.policy.cli",
+    "rollstream.policy.scripted",
     "rollstream.controller",
     "producers.cli",
     "rollstream.envs.cli",

@@ -114,6 +114,14 @@ class Engine:
         return self.batch.model
 
     @property
+    def max_model_len(self) -> int:
+        return self.model.config.max_model_len
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.config.vocab_size
+
+    @property
     def alive(self) -> bool:
         return self._task is not None and not self._task.done()
 
@@ -210,7 +218,7 @@ class PolicyServer:
 
     @property
     def max_model_len(self) -> int:
-        return self.engine.model.config.max_model_len
+        return self.engine.max_model_len
 
     def routes(self) -> list[web.RouteDef]:
         return [
@@ -305,7 +313,7 @@ class PolicyServer:
             raise HTTPError("prompt must be a string or a list of token ids (one prompt).")
         if not ids:
             raise HTTPError("Prompt cannot be empty", param="prompt")
-        bad = [t for t in ids if not 0 <= t < self.engine.model.config.vocab_size]
+        bad = [t for t in ids if not 0 <= t < self.engine.vocab_size]
         if bad:
             raise HTTPError(f"Token id {bad[0]} is out of vocabulary", param="prompt")
         return ids
@@ -548,7 +556,13 @@ def create_app(
     else:
         model, version = load(model_path)
     root = str(model_path) if model_path is not None else f"seed:{seed}"
-    engine = Engine(model, version, max_batch, seed)
+    return build_app(Engine(model, version, max_batch, seed), model_name, root)
+
+
+def build_app(engine: Any, model_name: str, root: str) -> web.Application:
+    """The HTTP app around an engine: Engine, or anything with its interface (generate,
+    start/stop, alive, max_model_len, vocab_size, the metric counters, load_weights), such as
+    the scripted policy's (rollstream.policy.scripted)."""
     app = web.Application(middlewares=[_errors], client_max_size=16 * 1024**2)
     app.router.add_routes(PolicyServer(engine, model_name, root).routes())
 
@@ -567,13 +581,15 @@ async def serve(
     *,
     ready: Callable[[str], None] | None = None,
     stop: asyncio.Event | None = None,
+    app: web.Application | None = None,
     **app_kwargs: Any,
 ) -> None:
-    """Serve until `stop` is set (forever without one); `ready(url)` is called once listening.
-    Port 0 picks a free port (the url has the real one)."""
+    """Serve `app` (default: create_app(**app_kwargs)) until `stop` is set (forever without
+    one); `ready(url)` is called once listening. Port 0 picks a free port (the url has it)."""
     # handler_cancellation: a client that gives up (timeout) cancels its handler, which frees
     # the request's batch row instead of decoding up to max_tokens for nobody.
-    runner = web.AppRunner(create_app(**app_kwargs), access_log=None, handler_cancellation=True)
+    runner = web.AppRunner(app or create_app(**app_kwargs), access_log=None,
+                           handler_cancellation=True)
     await runner.setup()
     try:
         site = web.TCPSite(runner, host, port)

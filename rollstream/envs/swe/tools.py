@@ -191,7 +191,7 @@ class Tools:
             raise ToolError(f"no replacement was performed: old_str did not appear verbatim "
                             f"in {path}")
         if count > 1:
-            lines = [text[:i].count("\n") + 1 for i in _find_all(text, old)]
+            lines = sorted({text[:i].count("\n") + 1 for i in _find_all(text, old)})
             raise ToolError(f"no replacement was performed: old_str occurs {count} times in "
                             f"{path} (lines {lines}); make it unique")
         updated = text.replace(old, new, 1)
