@@ -15,8 +15,14 @@ BWRAP_MISSING = bwrap.available()
 needs_bwrap = pytest.mark.skipif(BWRAP_MISSING is not None, reason=f"{BWRAP_MISSING}")
 
 
+def processes_in(root: Path) -> dict[int, str]:
+    """Live sandboxed processes of sandboxes under `root` (other test runs have their own)."""
+    return {pid: d for pid, d in bwrap.sandbox_processes().items()
+            if d.startswith(f"{root}/")}
+
+
 def live_sandboxes(root: Path) -> tuple[list[str], dict[int, str]]:
-    return sorted(p.name for p in root.glob("bw-*")), bwrap.sandbox_processes()
+    return sorted(p.name for p in root.glob("bw-*")), processes_in(root)
 
 
 @pytest.fixture
@@ -26,9 +32,7 @@ def sandbox_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Pa
     root = tmp_path / "sandboxes"
     root.mkdir()
     monkeypatch.setenv(ROOT_ENV, str(root))
-    before = bwrap.sandbox_processes()
     yield root
     dirs, procs = live_sandboxes(root)
-    leaked = {pid: sid for pid, sid in procs.items() if pid not in before}
     assert not dirs, f"sandboxes left behind: {dirs}"
-    assert not leaked, f"sandboxed processes left behind: {leaked}"
+    assert not procs, f"sandboxed processes left behind: {procs}"

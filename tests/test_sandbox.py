@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from rollstream.sandbox import Limits, SandboxError, SandboxSpec
-from rollstream.sandbox.bwrap import BwrapBackend, BwrapSandbox, sandbox_processes
-from tests.sandbox_helpers import live_sandboxes, needs_bwrap, sandbox_root
+from rollstream.sandbox.bwrap import BwrapBackend, BwrapSandbox
+from tests.sandbox_helpers import live_sandboxes, needs_bwrap, processes_in, sandbox_root
 
 __all__ = ["sandbox_root"]  # the fixture, imported for pytest
 
@@ -94,7 +94,7 @@ def test_a_fork_bomb_hits_the_process_limit_and_leaves_nothing(sandbox_root: Pat
     result = in_sandbox(sandbox_root, ":(){ :|:& };:; echo survived", timeout_s=5)
     assert time.monotonic() - started < 15
     assert "Resource temporarily unavailable" in result.text
-    assert not sandbox_processes()
+    assert not processes_in(sandbox_root)
 
 
 def test_allocating_past_the_memory_limit_fails_in_the_sandbox(sandbox_root: Path) -> None:
@@ -117,7 +117,7 @@ def test_sleeping_past_the_timeout_kills_the_whole_tree(sandbox_root: Path) -> N
     result = in_sandbox(sandbox_root, "sleep 300 & setsid sleep 300 & sleep 300", timeout_s=1)
     assert result.timed_out and result.exit_code == 128 + signal.SIGKILL
     assert result.duration_s < 5
-    assert not sandbox_processes()
+    assert not processes_in(sandbox_root)
 
 
 def test_writing_past_the_file_size_limit_fails(sandbox_root: Path) -> None:
@@ -133,7 +133,7 @@ def test_workspace_persists_across_commands_but_processes_do_not(sandbox_root: P
     async def body(sandbox: BwrapSandbox):
         await sandbox.exec("echo kept > note.txt; mkdir -p /tmp/t && echo t > /tmp/t/x; "
                            "(sleep 300 &)")
-        assert not sandbox_processes()  # the background sleep died with the command
+        assert not processes_in(sandbox_root)  # the background sleep died with the command
         second = await sandbox.exec("cat note.txt /tmp/t/x; pwd")
         assert second.text.split() == ["kept", "t", "/testbed"]
         await sandbox.write_files({"/testbed/pkg/a.py": b"x = 1\n"})
@@ -198,7 +198,7 @@ def test_a_sandbox_whose_owner_died_is_reaped_and_a_live_ones_is_kept(
         live = await backend.create(SandboxSpec(limits=LIMITS))
         try:
             deadline = time.monotonic() + 10
-            while sandbox_id not in sandbox_processes().values():
+            while not any(d.endswith(sandbox_id) for d in processes_in(sandbox_root).values()):
                 assert time.monotonic() < deadline, "the owner's command never started"
                 await asyncio.sleep(0.05)
             assert backend.reap() == []  # both owners alive: nothing to reap

@@ -15,11 +15,13 @@ from __future__ import annotations
 import io
 import logging
 import tarfile
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
+from rollstream.sandbox.capture import HeadTail
 from rollstream.sandbox.leases import Lease
 
 log = logging.getLogger(__name__)
@@ -105,7 +107,6 @@ class Sandbox(ABC):
     def workdir(self) -> str:
         return self.spec.workdir
 
-    @abstractmethod
     async def exec(
         self,
         command: str | Sequence[str],
@@ -117,6 +118,21 @@ class Sandbox(ABC):
     ) -> ExecResult:
         """Run `command` in the sandbox (cwd: workdir); the whole process tree is killed when it
         ends or times out. Raises SandboxError only if the sandbox itself failed."""
+        if self.closed:
+            raise SandboxError(f"sandbox {self.id} was destroyed")
+        limits = self.spec.limits
+        capture = HeadTail(output_bytes or limits.output_bytes)
+        started = time.perf_counter()
+        code, timed_out = await self._run(
+            shell_argv(command), limits.timeout_s if timeout_s is None else timeout_s, stdin,
+            capture, cwd or self.workdir)
+        return ExecResult(code, capture.value(), timed_out, capture.dropped,
+                          time.perf_counter() - started)
+
+    @abstractmethod
+    async def _run(self, argv: list[str], timeout_s: float, stdin: bytes | None,
+                   capture: HeadTail, cwd: str) -> tuple[int, bool]:
+        """Run argv, feeding its output to `capture`; returns (exit code, timed out)."""
 
     @abstractmethod
     async def write_files(self, files: Mapping[str, bytes]) -> None:

@@ -27,22 +27,20 @@ import shutil
 import sys
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 
 from rollstream.sandbox.base import (
     Backend,
-    ExecResult,
     Sandbox,
     SandboxError,
     SandboxSpec,
-    shell_argv,
     tar_files,
 )
 from rollstream.sandbox.capture import HeadTail
 from rollstream.sandbox.leases import Lease, Owner, UidPool, read_lease, sandbox_root, write_lease
 
-MARKER = "ROLLSTREAM_SANDBOX_ID"  # set in every sandboxed process: finds leftovers
+MARKER = "ROLLSTREAM_SANDBOX_DIR"  # set in every sandboxed process: finds leftovers
 UIDS_ENV = "ROLLSTREAM_SANDBOX_UIDS"  # "FIRST-LAST": uids for sandboxes of a root owner
 DEFAULT_UIDS = (1_000_000, 1_065_535)
 REAP_INTERVAL_S = 30.0
@@ -93,7 +91,7 @@ def _mount_args(workspace: Path, tmp: Path, workdir: str) -> list[str]:
     return args
 
 
-def _env_args(sandbox_id: str) -> list[str]:
+def _env_args(directory: Path) -> list[str]:
     bin_dir = str(Path(sys.prefix) / "bin")
     env = {
         "PATH": f"{bin_dir}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -105,7 +103,7 @@ def _env_args(sandbox_id: str) -> list[str]:
         "GIT_PAGER": "cat",
         "PYTHONDONTWRITEBYTECODE": "1",  # no __pycache__ in the workspace's diff
         "PYTHONUNBUFFERED": "1",
-        MARKER: sandbox_id,
+        MARKER: str(directory),
     }
     args = ["--clearenv"]
     for key, value in env.items():
@@ -135,8 +133,8 @@ def available() -> str | None:
 
 
 def sandbox_processes() -> dict[int, str]:
-    """Live processes of any bwrap sandbox on this host: pid -> sandbox id (from the marker in
-    their environment, or in bwrap's own command line)."""
+    """Live processes of any bwrap sandbox on this host: pid -> the sandbox's directory (from
+    the marker in their environment, or in bwrap's own command line)."""
     found: dict[int, str] = {}
     needle = MARKER.encode()
     for entry in os.scandir("/proc"):
@@ -178,7 +176,7 @@ class BwrapSandbox(Sandbox):
             argv += ["--unshare-user", "--disable-userns"]
         argv += _mount_args(self.directory / "workspace", self.directory / "tmp",
                             self.spec.workdir)
-        argv += _env_args(self.id)
+        argv += _env_args(self.directory)
         argv += ["--json-status-fd", "{status_fd}", "--chdir", "{cwd}", "--"]
         if self.uid is not None:
             argv += ["setpriv", f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups",
@@ -189,26 +187,13 @@ class BwrapSandbox(Sandbox):
                  "--core=0", "--"]
         return argv
 
-    async def exec(
-        self,
-        command: str | Sequence[str],
-        *,
-        timeout_s: float | None = None,
-        stdin: bytes | None = None,
-        output_bytes: int | None = None,
-        cwd: str | None = None,
-    ) -> ExecResult:
-        if self.closed:
-            raise SandboxError(f"sandbox {self.id} was destroyed")
+    async def _run(self, argv: list[str], timeout_s: float, stdin: bytes | None,
+                   capture: HeadTail, cwd: str) -> tuple[int, bool]:
         if not self.directory.is_dir():
             raise SandboxError(f"sandbox {self.id}: its directory {self.directory} is gone")
-        limits = self.spec.limits
-        timeout = limits.timeout_s if timeout_s is None else timeout_s
-        capture = HeadTail(output_bytes or limits.output_bytes)
         status_r, status_w = os.pipe()
-        argv = [a.replace("{status_fd}", str(status_w)).replace("{cwd}", cwd or self.workdir)
-                for a in self._prefix] + shell_argv(command)
-        started = time.perf_counter()
+        argv = [a.replace("{status_fd}", str(status_w)).replace("{cwd}", cwd)
+                for a in self._prefix] + argv
         try:
             proc = await asyncio.create_subprocess_exec(
                 *argv, stdin=asyncio.subprocess.PIPE if stdin is not None else
@@ -221,7 +206,7 @@ class BwrapSandbox(Sandbox):
             os.close(status_w)
         timed_out = False
         try:
-            await asyncio.wait_for(self._communicate(proc, stdin, capture), timeout)
+            await asyncio.wait_for(self._communicate(proc, stdin, capture), timeout_s)
         except TimeoutError:
             timed_out = True
         finally:
@@ -231,13 +216,11 @@ class BwrapSandbox(Sandbox):
                     proc.kill()
                 await proc.wait()
             status = await asyncio.to_thread(_read_all, status_r)
-        duration = time.perf_counter() - started
         if not timed_out and b'"child-pid"' not in status:
             raise SandboxError(f"sandbox {self.id} failed to start: "
                                f"{capture.value().decode(errors='replace').strip()}")
         code = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
-        return ExecResult(_exit_code(status, code), capture.value(), timed_out, capture.dropped,
-                          duration)
+        return _exit_code(status, code), timed_out
 
     @staticmethod
     async def _communicate(proc: asyncio.subprocess.Process, stdin: bytes | None,
@@ -346,7 +329,7 @@ class BwrapBackend(Backend):
         directory = self.root / sandbox_id
         lease = read_lease(directory)
         for pid, owner in sandbox_processes().items():
-            if owner == sandbox_id:
+            if owner == str(directory):
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, 9)
         shutil.rmtree(directory, ignore_errors=True)

@@ -17,16 +17,14 @@ import math
 import os
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from rollstream.sandbox.base import (
     Backend,
-    ExecResult,
     Sandbox,
     SandboxError,
     SandboxSpec,
-    shell_argv,
     tar_files,
 )
 from rollstream.sandbox.capture import HeadTail
@@ -67,45 +65,29 @@ class DockerSandbox(Sandbox):
         self.client = client
         self.container = container
 
-    async def exec(
-        self,
-        command: str | Sequence[str],
-        *,
-        timeout_s: float | None = None,
-        stdin: bytes | None = None,
-        output_bytes: int | None = None,
-        cwd: str | None = None,
-    ) -> ExecResult:
-        if self.closed:
-            raise SandboxError(f"sandbox {self.id} was destroyed")
-        limits = self.spec.limits
-        timeout = limits.timeout_s if timeout_s is None else timeout_s
-        argv = shell_argv(command)
-        stdin_path = None
+    async def _run(self, argv: list[str], timeout_s: float, stdin: bytes | None,
+                   capture: HeadTail, cwd: str) -> tuple[int, bool]:
         if stdin is not None:  # docker-py has no plain stdin for exec: go through a file
             stdin_path = f"/tmp/.rollstream-stdin-{uuid.uuid4().hex}"
             await self.write_files({stdin_path: stdin})
             argv = ["bash", "-c", 'f=$1; shift; "$@" < "$f"; s=$?; rm -f "$f"; exit $s',
                     "stdin", stdin_path, *argv]
-        argv = ["timeout", "-s", "KILL", str(math.ceil(timeout)), *argv]
-        capture = HeadTail(output_bytes or limits.output_bytes)
+        argv = ["timeout", "-s", "KILL", str(math.ceil(timeout_s)), *argv]
         started = time.perf_counter()
         try:
             code = await asyncio.wait_for(
-                asyncio.to_thread(self._run, argv, cwd or self.workdir, capture),
-                timeout + ENGINE_GRACE_S)
+                asyncio.to_thread(self._exec_blocking, argv, cwd, capture),
+                timeout_s + ENGINE_GRACE_S)
         except TimeoutError:
             await self.destroy()
             raise SandboxError(f"sandbox {self.id}: the engine did not end a command "
                                f"{ENGINE_GRACE_S:.0f} s after its timeout") from None
         except _errors() as exc:
             raise SandboxError(f"sandbox {self.id}: {type(exc).__name__}: {exc}") from exc
-        duration = time.perf_counter() - started
         # 137 is also an OOM kill; only a kill at the deadline is a timeout.
-        timed_out = code == 137 and duration >= timeout - 0.05
-        return ExecResult(code, capture.value(), timed_out, capture.dropped, duration)
+        return code, code == 137 and time.perf_counter() - started >= timeout_s - 0.05
 
-    def _run(self, argv: list[str], cwd: str, capture: HeadTail) -> int:
+    def _exec_blocking(self, argv: list[str], cwd: str, capture: HeadTail) -> int:
         api = self.client.api
         exec_id = api.exec_create(self.container.id, argv, workdir=cwd, stdout=True,
                                   stderr=True, stdin=False, tty=False)["Id"]
