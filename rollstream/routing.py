@@ -28,7 +28,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from rollstream.controller import lora_version
@@ -62,7 +62,6 @@ class Server:
     kv_usage: float = 0.0
     lora: tuple[str, int] | None = None  # newest Rollstream adapter: (model name, version)
     stamps_versions: bool = False
-    stats: dict[str, int] = field(default_factory=lambda: {"requests": 0, "failures": 0})
 
     @property
     def usable(self) -> bool:
@@ -153,7 +152,6 @@ class Router:
             raise NoServer("no usable inference server (all down, ejected or removed)")
         lora = server.lora
         server.in_flight += 1
-        server.stats["requests"] += 1
         try:
             completion = await server.client.complete(
                 prompt_ids, sampling, stop_token_ids, model=lora[0] if lora else None)
@@ -177,7 +175,6 @@ class Router:
 
     def _failed(self, server: Server, exc: ServerError) -> None:
         server.failures += 1
-        server.stats["failures"] += 1
         if server.healthy and (exc.unreachable or server.failures >= EJECT_AFTER):
             server.healthy = False
             log.warning("server %s out of rotation: %s", server.url, exc)
@@ -225,6 +222,6 @@ class Router:
         reported = load.get("running", 0.0) + load.get("waiting", 0.0)
         server.foreign = max(0.0, reported - server.in_flight)
         server.kv_usage = load.get("kv_usage", 0.0)
-        adapters = [(str(m.get("id")), lora_version(str(m.get("id", "")))) for m in models]
-        versions = [(v, name) for name, v in adapters if v is not None]
-        server.lora = (max(versions)[1], max(versions)[0]) if versions else None
+        adapters = [(lora_version(str(m.get("id", ""))), str(m.get("id"))) for m in models]
+        newest = max(((v, name) for v, name in adapters if v is not None), default=None)
+        server.lora = (newest[1], newest[0]) if newest else None

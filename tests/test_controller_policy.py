@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import TopicPartition
-from run_helpers import guess_episodes
 
 from rollstream import kafka
 from rollstream.codec import codec
@@ -25,6 +24,7 @@ from rollstream.policy.server import BackgroundServer
 from rollstream.runtime import StageRuntime
 from rollstream.vllm_middleware import VERSION_PATH
 from stages.run import RunStage
+from tests.run_helpers import guess_episodes
 
 
 def publish_episodes(settings: Settings, episodes: list[dict]) -> None:

@@ -8,14 +8,15 @@ import dataclasses
 from collections import Counter
 
 import pytest
-from run_helpers import guess_episodes, play, run_settings
 
 from rollstream.codec import unpack_ids
+from rollstream.controller import lora_name
 from rollstream.policy.chat import EmbeddedChatTemplate
 from rollstream.policy.simulated import Fleet, SimulatedServer
-from rollstream.routing import Router
+from rollstream.routing import UNKNOWN_VERSION, Router, VersionUnknown
 from stages.eval import EvalStage
 from stages.run import RunStage, conversation
+from tests.run_helpers import guess_episodes, play, run_settings
 
 
 def gpu_like() -> SimulatedServer:
@@ -123,6 +124,32 @@ def test_full_servers_leave_no_capacity_and_new_episodes_wait() -> None:
 
     with Fleet([SimulatedServer(), SimulatedServer()]) as fleet:
         asyncio.run(main(fleet))
+
+
+def test_version_stamps_come_from_the_server_or_the_lora_adapter_named() -> None:
+    lora = SimulatedServer(version=None, adapters=[lora_name(1), lora_name(2)])
+    plain = SimulatedServer(version=None)  # vLLM without the stamping middleware
+    stamped = SimulatedServer(version=4)
+
+    async def main(fleet: Fleet) -> list[object]:
+        router = Router(fleet.urls, max_episodes=1, health_interval_s=60)
+        await router.start()
+        out: list[object] = []
+        try:
+            for episode in ("a", "b", "c"):  # one per server
+                c = await router.complete(episode, [1, 2], {"max_tokens": 4}, [260])
+                out.append((c.server, c.policy_version))
+            stamped.version = None  # inside a weight update: no stamp
+            with pytest.raises(VersionUnknown):
+                await router.complete("c", [1, 2], {"max_tokens": 4}, [260])
+        finally:
+            await router.close()
+        return out
+
+    with Fleet([lora, plain, stamped]) as fleet:
+        results = asyncio.run(main(fleet))
+    assert set(results) == {(lora.url, 2), (plain.url, UNKNOWN_VERSION), (stamped.url, 4)}
+    assert lora.received[0]["model"] == lora_name(2)  # the newest adapter, by name
 
 
 @pytest.mark.parametrize("fault", ["error", "hang", "drop", "refused"])

@@ -151,3 +151,33 @@ def test_no_usable_server_means_no_episodes_taken(settings: Settings) -> None:
     [msg] = list(kafka.read_partitions(settings, [
         TopicPartition(settings.topics.trajectories, p, 0) for p in range(4)]))
     assert codec().decode_as("Trajectory", msg.value())["termination"] in ("DONE", "MAX_TURNS")
+
+
+def test_servers_at_their_cap_pause_run_instead_of_queueing(settings: Settings) -> None:
+    server = SimulatedServer(step_s=lambda running: 0.02)
+    producer = kafka.producer(settings)
+    for i in range(12):
+        episode_id = f"cap-{i}#0"
+        kafka.produce(producer, settings.topics.episodes, codec().encode("Episode", {
+            "episode_id": episode_id, "task": {**guess_task(), "task_id": f"cap-{i}"},
+            "sample_index": 0, "created_at_ms": 1}), key=episode_id)
+    producer.flush()
+    with Fleet([server]) as fleet:
+        settings = Settings(**{**settings.__dict__, "policy_url": fleet.urls[0],
+                               "server_max_in_flight": 2})
+        stage = RunStage(settings)
+        runtime = StageRuntime(stage, settings)
+        most_in_flight = 0
+        thread = threading.Thread(target=lambda: asyncio.run(runtime.serve()))
+        thread.start()
+        try:
+            deadline = time.monotonic() + 60
+            while runtime.stats["processed"] < 12 and time.monotonic() < deadline:
+                if stage.router is not None:  # episodes taken and not finished
+                    most_in_flight = max(most_in_flight, len(stage.router.pins))
+                time.sleep(0.01)
+        finally:
+            runtime.stop()
+            thread.join(60)
+    assert runtime.stats["processed"] == 12
+    assert most_in_flight == 2 and server.busy_time(at_least=3) == 0

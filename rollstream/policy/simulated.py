@@ -55,6 +55,7 @@ class SimulatedServer:
     max_num_seqs: int = 256
     model: str = "sim-model"
     version: int | None = 0  # stamped on responses; None: like vLLM without the middleware
+    adapters: list[str] = field(default_factory=list)  # LoRA adapters /v1/models lists
     fault: str | None = None
     received: list[dict[str, Any]] = field(default_factory=list)  # every completions body
     returned: list[list[int]] = field(default_factory=list)  # every token_ids answered
@@ -173,8 +174,10 @@ class SimulatedServer:
         return web.Response(text="\n".join(lines) + "\n")
 
     async def _models(self, request: web.Request) -> web.Response:
-        card = {"id": self.model, "object": "model", "owned_by": "vllm", "parent": None}
-        return web.json_response({"object": "list", "data": [card]})
+        cards = [{"id": self.model, "object": "model", "owned_by": "vllm", "parent": None}]
+        cards += [{"id": name, "object": "model", "owned_by": "vllm", "parent": self.model}
+                  for name in self.adapters]
+        return web.json_response({"object": "list", "data": cards})
 
     async def _load_weights(self, request: web.Request) -> web.Response:
         self.version = int((await request.json())["version"])
