@@ -176,7 +176,7 @@ def validate_task(item: dict[str, Any], known_envs: set[str] | None = None) -> d
 def load_tasks(path: str | Path, fmt: str = "rollstream") -> list[dict[str, Any]]:
     """Read and validate every task in `path`; raises TaskFileError at the first bad one."""
     if fmt not in FORMATS:
-        raise TaskFileError(f"unknown task format {fmt!r}; known: {', '.join(sorted(FORMATS))}")
+        raise TaskFileError(f"unknown task format {fmt!r}; known: {', '.join(FORMATS)}")
     tasks: list[dict[str, Any]] = []
     first_seen: dict[str, str] = {}
     known_envs: set[str] = set()
