@@ -5,18 +5,22 @@ The trainer publishes, with every PolicyVersion, how many groups it is done with
 dropped). INIT admits a task while `admitted - consumed < window`; otherwise its capacity is 0
 and the runtime pauses the tasks partitions: backpressure through Kafka, the tasks wait in the
 log. Rollouts therefore never run more than `window` groups ahead of training, whatever the
-speed of the stages. If the trainer makes no progress for `stall_s` (every group of a window
-was dropped for lack of reward variance, so no step was taken and no version published), one
-more window is let in, so the loop cannot stall; the bridge's staleness bound still applies.
+speed of the stages. If the trainer makes no progress for three times its recent step
+interval (at least `stall_s`: every group of a window was dropped for lack of reward variance,
+so no step was taken and no version published), one more window is let in, so the loop cannot
+stall; scaling the wait with the step interval keeps a slow (busy) trainer from being taken for
+a stalled one. The bridge's staleness bound still applies.
 INIT's count of admitted tasks starts at 0 when a process starts: after a restart it may let
 up to one window more in.
 """
 
 from __future__ import annotations
 
+import statistics
 import threading
 import time
 import uuid
+from collections import deque
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
@@ -71,14 +75,17 @@ class AdmissionGate:
         self._bonus = 0
         self._last_consumed = 0
         self._last_progress = time.monotonic()
+        self._intervals: deque[float] = deque(maxlen=5)
 
     def capacity(self) -> int:
         consumed = self.follower.consumed
         now = time.monotonic()
         if consumed != self._last_consumed:
+            self._intervals.append(now - self._last_progress)
             self._last_consumed, self._last_progress = consumed, now
         room = self.window - (self.admitted - consumed - self._bonus)
-        if room <= 0 and now - self._last_progress > self.stall_s:
+        patience = max(self.stall_s, 3 * statistics.median(self._intervals or [0.0]))
+        if room <= 0 and now - self._last_progress > patience:
             self._bonus += self.window
             self._last_progress = now
             room += self.window

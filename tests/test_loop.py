@@ -20,7 +20,7 @@ from tests.scored_factory import scored, turn
 
 @pytest.mark.slow
 def test_the_demo_loop_learns(settings: Settings, tmp_path: Path) -> None:
-    loop = ClosedLoop(settings, tmp_path, LoopConfig(tasks=240, seed=3))
+    loop = ClosedLoop(settings, tmp_path, LoopConfig(tasks=300, seed=3))
     loop.start()
     try:
         tasks = loop.tasks()
@@ -63,7 +63,7 @@ def test_sigkill_of_the_trainer_loses_no_batch_and_trains_none_twice(
     args = ["train", "--bootstrap-servers", settings.bootstrap_servers, "--prefix",
             settings.prefix, "--checkpoint-dir", str(tmp_path / "ckpt"), "--groups-per-batch", "2"]
     procs.start("train", *args)
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 300
     while len(committed_versions(settings)) < 4:
         procs.check_alive()
         assert time.monotonic() < deadline

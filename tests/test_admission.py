@@ -1,0 +1,53 @@
+"""INIT's admission control follows the trainer's progress on <p>.policy (real broker)."""
+
+from __future__ import annotations
+
+import time
+
+from rollstream import kafka
+from rollstream.codec import codec
+from rollstream.config import Settings
+from stages.admission import AdmissionGate
+
+
+def publish_version(settings: Settings, version: int, consumed: int) -> None:
+    producer = kafka.producer(settings)
+    kafka.produce(producer, settings.topics.policy, codec().encode("PolicyVersion", {
+        "version": version, "uri": "x", "metrics": {"groups_consumed": float(consumed)},
+        "created_at_ms": 0}), key="policy")
+    producer.flush()
+
+
+def wait_for(predicate, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
+def test_capacity_is_the_window_beyond_what_the_trainer_consumed(settings: Settings) -> None:
+    gate = AdmissionGate(settings, window=3, stall_s=60)
+    try:
+        assert gate.capacity() == 3
+        for _ in range(3):
+            gate.admit()
+        assert gate.capacity() == 0  # the tasks partitions get paused
+        publish_version(settings, 1, consumed=2)
+        wait_for(lambda: gate.capacity() == 2)
+        publish_version(settings, 0, consumed=99)  # an older version changes nothing
+        time.sleep(0.5)
+        assert gate.capacity() == 2
+    finally:
+        gate.close()
+
+
+def test_a_stalled_trainer_gets_one_more_window(settings: Settings) -> None:
+    gate = AdmissionGate(settings, window=2, stall_s=0.3)
+    try:
+        gate.admit()
+        gate.admit()
+        assert gate.capacity() == 0
+        time.sleep(0.4)
+        assert gate.capacity() == 2  # no progress for stall_s: the loop must not deadlock
+    finally:
+        gate.close()
