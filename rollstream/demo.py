@@ -143,6 +143,30 @@ def _summary(console, progress, expected: int, elapsed: float, plot: Path) -> No
     summary.add_row("failure classes", ", ".join(f"{k}={v}" for k, v in sorted(classes.items())))
     summary.add_row("plot", str(plot))
     console.print(summary)
+    console.print(_latency_table(progress.scored))
+
+
+def _latency_table(scored: list[dict]):
+    """Per-stage latency from the events' own timestamps: published → RUN start (INIT and the
+    episodes queue, admission control included), RUN, RUN end → scored (EVAL and its queue)."""
+    from rich.table import Table
+
+    trajectories = [s["trajectory"] for s in scored]
+    spans = {
+        "published → RUN start (INIT, queue, admission)":
+            [t["started_at_ms"] - t["task"]["created_at_ms"] for t in trajectories],
+        "RUN (whole episode)": [t["finished_at_ms"] - t["started_at_ms"] for t in trajectories],
+        "RUN end → scored (EVAL, queue)":
+            [s["scored_at_ms"] - s["trajectory"]["finished_at_ms"] for s in scored],
+    }
+    table = Table(title="per-stage latency (ms)")
+    for col in ("span", "p50", "p99"):
+        table.add_column(col, justify="right")
+    for name, values in spans.items():
+        if len(values) > 1:
+            q = statistics.quantiles(values, n=100)
+            table.add_row(name, f"{q[49]:.0f}", f"{q[98]:.0f}")
+    return table
 
 
 def _mean(scored: list[dict]) -> float:
