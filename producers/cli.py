@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from datetime import UTC, datetime
 from typing import Any
@@ -26,15 +25,6 @@ def parse_time_ms(text: str) -> int:
     return int(moment.timestamp() * 1000)
 
 
-def _settings(args: argparse.Namespace) -> config.Settings:
-    from rollstream.broker.local import resolve_bootstrap
-
-    settings = config.load(args)
-    return dataclasses.replace(
-        settings, bootstrap_servers=resolve_bootstrap(settings.bootstrap_servers)
-    )
-
-
 def run_publish(args: argparse.Namespace) -> int:
     from producers.publish import TaskFileError, load_tasks, publish
 
@@ -46,7 +36,7 @@ def run_publish(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(f"{len(tasks)} tasks valid in {args.file} (dry run: nothing sent)")
         return 0
-    settings = _settings(args)
+    settings = config.load_resolved(args)
     sent = publish(settings, tasks)
     print(f"sent {sent} tasks to {settings.topics.tasks}")
     return 0
@@ -57,7 +47,7 @@ def run_replay(args: argparse.Namespace) -> int:
 
     try:
         count = replay(
-            _settings(args),
+            config.load_resolved(args),
             args.topic,
             start_offset=args.from_offset,
             end_offset=args.to_offset,

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import logging
 import re
 from collections.abc import Mapping, Sequence
@@ -264,12 +263,9 @@ def _run(args: argparse.Namespace) -> int:
     import contextlib
     import signal
 
-    from rollstream.broker.local import resolve_bootstrap
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    settings = config.load(args)
-    settings = dataclasses.replace(
-        settings, bootstrap_servers=resolve_bootstrap(settings.bootstrap_servers))
+    config.log_to_stderr()
+    settings = config.load_resolved(args)
     controller = Controller(settings)
 
     async def main() -> None:

@@ -207,11 +207,10 @@ def describe_topics(bootstrap: str, prefix: str = "rollstream", timeout: float =
 
 
 def _settings(args: argparse.Namespace) -> tuple[Any, str]:
-    from rollstream.broker.local import resolve_bootstrap
-    from rollstream.config import load
+    from rollstream.config import load_resolved
 
-    settings = load(args)
-    return settings, resolve_bootstrap(settings.bootstrap_servers)
+    settings = load_resolved(args)
+    return settings, settings.bootstrap_servers
 
 
 def _create(args: argparse.Namespace) -> int:

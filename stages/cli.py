@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import logging
 
 from rollstream import config
 
@@ -31,13 +29,10 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
 def run_stage(args: argparse.Namespace) -> int:
     import importlib
 
-    from rollstream.broker.local import resolve_bootstrap
     from rollstream.runtime import StageRuntime
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    settings = config.load(args)
-    settings = dataclasses.replace(
-        settings, bootstrap_servers=resolve_bootstrap(settings.bootstrap_servers))
+    config.log_to_stderr()
+    settings = config.load_resolved(args)
     module, cls, _ = STAGES[args.name]
     stage = getattr(importlib.import_module(module), cls)(settings)
     StageRuntime(stage, settings, drain_timeout_s=args.drain_timeout).run()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import statistics
 from pathlib import Path
@@ -66,17 +65,13 @@ def batch_summary(batch) -> dict:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    import logging
 
-    from rollstream.broker.local import resolve_bootstrap
     from trainer_bridge.groups import GroupPolicy
     from trainer_bridge.train_loop import train
     from trainer_bridge.trainer import GRPOConfig
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    settings = config.load(args)
-    settings = dataclasses.replace(
-        settings, bootstrap_servers=resolve_bootstrap(settings.bootstrap_servers))
+    config.log_to_stderr()
+    settings = config.load_resolved(args)
     policy = GroupPolicy(normalize_std=not args.dr_grpo, max_staleness=args.max_staleness,
                          group_timeout_s=args.group_timeout, incomplete=args.incomplete,
                          drop_zero_variance=not args.keep_zero_variance)
@@ -88,12 +83,9 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def run_bridge(args: argparse.Namespace) -> int:
-    from rollstream.broker.local import resolve_bootstrap
     from trainer_bridge.bridge import TrainerBridge
 
-    settings = config.load(args)
-    settings = dataclasses.replace(
-        settings, bootstrap_servers=resolve_bootstrap(settings.bootstrap_servers))
+    settings = config.load_resolved(args)
     with TrainerBridge(settings, groups_per_batch=args.groups_per_batch) as bridge:
         for batch in bridge.batches(args.max_batches, args.idle_timeout):
             print(json.dumps(batch_summary(batch)), flush=True)
