@@ -82,3 +82,28 @@ def test_grpo_step_raises_the_probability_of_rewarded_tokens(tmp_path: Path) -> 
 def test_step_id_names_the_batch_by_its_episodes() -> None:
     assert batch_of_groups().step_id == batch_of_groups().step_id
     assert batch_of_groups(3).step_id != batch_of_groups(4).step_id
+
+
+def test_grpo_step_on_a_hugging_face_causal_lm(tmp_path: Path) -> None:
+    # A tiny randomly initialized GPT-2 written locally: the adapter never touches the hub.
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from trainer_bridge.trainer import HFPolicy
+
+    base = tmp_path / "base"
+    config = GPT2Config(n_layer=1, n_head=2, n_embd=32, vocab_size=300, n_positions=64,
+                        bos_token_id=0, eos_token_id=0)
+    GPT2LMHeadModel(config).save_pretrained(base)
+    policy = HFPolicy(base, device="cpu")
+    trainer = GRPOTrainer(policy, tmp_path / "ckpt", version=policy.version)
+    batch = batch_of_groups()
+    tensors = to_tensors(batch.trainable)
+    before = policy.token_logprobs(tensors).detach()
+    event = trainer.step(batch)
+    after = policy.token_logprobs(tensors).detach()
+    gain = ((after - before) * tensors.advantages[:, 1:] * tensors.loss_mask[:, 1:]).sum()
+    assert gain > 0
+    assert event["version"] == 1 and Path(event["uri"]).is_dir()
+    reloaded = HFPolicy(Path(event["uri"]), device="cpu")
+    assert reloaded.version == 1
+    assert torch.equal(reloaded.model.lm_head.weight, policy.model.lm_head.weight)

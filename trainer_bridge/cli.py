@@ -33,6 +33,9 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
                        help="where policy-v<N>.safetensors are written (servers must read it)")
     train.add_argument("--init-checkpoint", type=Path, default=None,
                        help="weights of version 0 when <prefix>.policy is empty (default: seed)")
+    train.add_argument("--hf-model", type=Path, default=None,
+                       help="train a Hugging Face causal LM from this local directory (GPU when "
+                            "present; needs the `hf` extra) instead of the embedded policy")
     train.add_argument("--groups-per-batch", type=int, default=4)
     train.add_argument("--max-staleness", type=int, default=None,
                        help="drop samples more than this many versions behind (default: keep)")
@@ -77,7 +80,8 @@ def run_train(args: argparse.Namespace) -> int:
                          drop_zero_variance=not args.keep_zero_variance)
     train(settings, args.checkpoint_dir, groups_per_batch=args.groups_per_batch,
           group_policy=policy, config=GRPOConfig(lr=args.lr, clip_eps=args.clip_eps),
-          init_checkpoint=args.init_checkpoint, max_steps=args.max_steps,
+          init_checkpoint=args.init_checkpoint, hf_model=args.hf_model,
+          max_steps=args.max_steps,
           idle_timeout_s=args.idle_timeout)
     return 0
 

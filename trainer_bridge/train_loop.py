@@ -21,7 +21,7 @@ from rollstream.config import Settings
 from rollstream.runtime import Output
 from trainer_bridge.bridge import TrainerBridge
 from trainer_bridge.groups import GroupPolicy
-from trainer_bridge.trainer import GRPOConfig, GRPOTrainer, TinyPolicy
+from trainer_bridge.trainer import GRPOConfig, GRPOTrainer, HFPolicy, TinyPolicy
 
 log = logging.getLogger("rollstream.train")
 
@@ -47,13 +47,14 @@ def groups_consumed(stats: dict[str, int]) -> int:
 
 def train(settings: Settings, checkpoint_dir: Path, *, groups_per_batch: int = 4,
           group_policy: GroupPolicy | None = None, config: GRPOConfig | None = None,
-          init_checkpoint: Path | None = None, max_steps: int | None = None,
+          init_checkpoint: Path | None = None, hf_model: Path | None = None,
+          max_steps: int | None = None,
           idle_timeout_s: float | None = None,
           on_step: Callable[[dict], None] | None = None) -> int:
     """Run training steps until max_steps or idle; return the number of steps taken."""
     latest = latest_policy(settings)
-    start = Path(latest["uri"]) if latest is not None else init_checkpoint
-    policy = TinyPolicy(start)
+    start = Path(latest["uri"]) if latest is not None else (hf_model or init_checkpoint)
+    policy = HFPolicy(start) if hf_model is not None else TinyPolicy(start)
     trainer = GRPOTrainer(policy, checkpoint_dir, policy.version, config)
     base_consumed = int(latest["metrics"].get(CONSUMED, 0)) if latest is not None else 0
     log.info("training from policy version %d (%s)", policy.version, start or "seed weights")

@@ -6,10 +6,10 @@ A trainer takes a batch of scored groups and returns the PolicyVersion it produc
         def step(self, batch: Batch) -> dict   # a PolicyVersion event (schemas/policy_version.avsc)
 
 The reference `GRPOTrainer` trains a `PolicyModel`: the embedded tiny policy on the CPU
-(`TinyPolicy`), or any model wrapped the same way (e.g. a Hugging Face causal LM on a GPU: its
-`logprobs` is a forward pass with the attention mask and a gather, its `save` writes safetensors
-the servers can load). After each step it saves a checkpoint and returns its PolicyVersion; the
-train loop publishes it, and the inference controller makes the servers load it.
+(`TinyPolicy`) or a Hugging Face causal LM from a local directory, on a GPU when there is one
+(`HFPolicy`); any model wrapped the same way works. After each step it saves a checkpoint and
+returns its PolicyVersion; the train loop publishes it, and the inference controller makes the
+servers load it.
 """
 
 from __future__ import annotations
@@ -38,7 +38,9 @@ class PolicyModel(Protocol):
         """log p(input_ids[:, t+1] | input_ids[:, :t+1]) for every position, shape [B, T-1]."""
         ...
 
-    def save(self, path: Path, version: int) -> None: ...
+    def save(self, stem: Path, version: int) -> Path:
+        """Write the weights as `stem` plus the model's suffix; return the path servers load."""
+        ...
 
 
 class TinyPolicy:
@@ -62,8 +64,46 @@ class TinyPolicy:
         logits, _ = self.model(ids[:, :-1])
         return torch.log_softmax(logits.float(), -1).gather(-1, ids[:, 1:, None])[..., 0]
 
-    def save(self, path: Path, version: int) -> None:
+    def save(self, stem: Path, version: int) -> Path:
+        path = stem.with_name(stem.name + ".safetensors")
         self._tiny.save(self.model, path, version)
+        return path
+
+
+class HFPolicy:
+    """A Hugging Face causal LM from a local directory (no hub access), on the GPU when present.
+
+    Checkpoints are `save_pretrained` directories (safetensors), what vLLM's `reload_weights`
+    reads. Needs the `hf` extra (transformers).
+    """
+
+    def __init__(self, path: Path, device: str | None = None) -> None:
+        from transformers import AutoModelForCausalLM
+
+        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        dtype = torch.bfloat16 if self.device.startswith("cuda") else torch.float32
+        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(self.device)
+        self.model.train()
+        version_file = Path(path) / VERSION_FILE
+        self.version = int(version_file.read_text()) if version_file.is_file() else 0
+
+    def parameters(self):  # noqa: ANN201
+        return self.model.parameters()
+
+    def token_logprobs(self, batch: TensorBatch) -> torch.Tensor:
+        ids = batch.input_ids.to(self.device)
+        mask = batch.attention_mask.to(self.device).long()
+        logits = self.model(input_ids=ids, attention_mask=mask,
+                            position_ids=batch.position_ids.to(self.device)).logits[:, :-1]
+        return torch.log_softmax(logits.float(), -1).gather(-1, ids[:, 1:, None])[..., 0].cpu()
+
+    def save(self, stem: Path, version: int) -> Path:
+        self.model.save_pretrained(stem, safe_serialization=True)
+        (stem / VERSION_FILE).write_text(str(version))
+        return stem
+
+
+VERSION_FILE = "rollstream_policy_version"
 
 
 @dataclass(frozen=True)
@@ -111,8 +151,7 @@ class GRPOTrainer:
             torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.config.max_grad_norm)
             self.optimizer.step()
         self.version += 1
-        path = self.checkpoint_dir / f"policy-v{self.version}.safetensors"
-        self.policy.save(path, self.version)
+        path = self.policy.save(self.checkpoint_dir / f"policy-v{self.version}", self.version)
         rewards = [s.reward for s in samples if s.reward is not None]
         return {
             "version": self.version,
