@@ -77,6 +77,9 @@ def _mount_args(workspace: Path, tmp: Path, workdir: str) -> list[str]:
     args += ["--perms", "0755", "--dir", "/etc"]  # bwrap would make it 0700
     for name in ETC_FILES:
         args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
+    # The private /tmp first: a project checked out under /tmp (CI clones) must stay visible,
+    # so its Python is bound on top of it, not hidden by it.
+    args += ["--bind", str(tmp), "/tmp"]
     made: set[str] = set()
     for path in python_paths():
         # bwrap creates missing parents as 0700; the sandbox uid must be able to pass them.
@@ -86,7 +89,7 @@ def _mount_args(workspace: Path, tmp: Path, workdir: str) -> list[str]:
                 args += ["--perms", "0755", "--dir", parent]
         args += ["--ro-bind", path, path]
     args += ["--dev", "/dev", "--proc", "/proc",
-             "--bind", str(workspace), workdir, "--bind", str(tmp), "/tmp",
+             "--bind", str(workspace), workdir,
              "--remount-ro", "/"]  # the rest of the tree: nothing else is writable
     return args
 
