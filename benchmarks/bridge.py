@@ -3,7 +3,8 @@
 both measured in this run on the same broker.
 
 1. rollout rate: the closed loop of `make demo` (policy server, controller, INIT, RUN, EVAL,
-   trainer) on a short task set; episodes scored per second from first to last.
+   trainer) with the demo's task count; episodes scored per second from the publish to the last
+   one scored, as the demo's summary reports it.
 2. bridge rate: N scored trajectories of 8k tokens (one turn: 6k prompt + 2k sampled tokens, in
    groups of 8 with varied rewards) pre-filled into a fresh scored topic; a TrainerBridge decodes,
    groups, computes advantages, builds the tensor batch (`to_tensors`) and acks each batch
@@ -27,6 +28,7 @@ from rollstream import kafka
 from rollstream.broker import local
 from rollstream.codec import codec, pack_ids, pack_logprobs
 from rollstream.config import load
+from rollstream.loop import LoopConfig
 from rollstream.topics import create_topics, delete_topics
 
 NAME = "bridge"
@@ -37,7 +39,7 @@ GROUP = 8
 
 def rollout_rate(bootstrap: str, tasks: int) -> dict[str, Any]:
     from producers.publish import publish
-    from rollstream.loop import ClosedLoop, LoopConfig
+    from rollstream.loop import ClosedLoop
 
     prefix = f"bench-{uuid.uuid4().hex[:8]}-loop"
     create_topics(bootstrap, prefix, 4)
@@ -46,6 +48,7 @@ def rollout_rate(bootstrap: str, tasks: int) -> dict[str, Any]:
         loop = ClosedLoop(settings, Path(tmp), LoopConfig(tasks=tasks))
         try:
             loop.start()
+            published = time.time()
             publish(settings, loop.tasks())
             for progress in loop.follow(deadline=time.time() + 300):
                 if len(progress.scored) >= tasks * GROUP:
@@ -55,7 +58,7 @@ def rollout_rate(bootstrap: str, tasks: int) -> dict[str, Any]:
             delete_topics(bootstrap, prefix)
     times = progress.scored_times
     return {"tasks": tasks, "episodes": len(times),
-            "episodes_per_s": round(len(times) / (times[-1] - times[0]), 1)}
+            "episodes_per_s": round(len(times) / (times[-1] - published), 1)}
 
 
 def scored_event(task: int, index: int, rng: np.random.Generator) -> bytes:
@@ -109,7 +112,7 @@ def bridge_rate(bootstrap: str, trajectories: int) -> dict[str, Any]:
 
 def run(quick: bool = False) -> dict[str, Any]:
     bootstrap = local.resolve_bootstrap()
-    rollout = rollout_rate(bootstrap, tasks=40 if quick else 120)
+    rollout = rollout_rate(bootstrap, tasks=60 if quick else LoopConfig().tasks)
     bridge = bridge_rate(bootstrap, trajectories=256 if quick else 1024)
     ratio = round(bridge["trajectories_per_s"] / rollout["episodes_per_s"], 2)
     doc = {

@@ -96,7 +96,7 @@ class Codec:
             raise DecodeError("empty value (null)")
         if len(data) < HEADER_LEN or data[:2] != MAGIC:
             raise DecodeError("not Avro single-object encoded (missing 0xC3 0x01 header)")
-        found = self._writers.get(bytes(data[2:HEADER_LEN]))
+        found = self._writers.get(data[2:HEADER_LEN])
         if found is None:
             raise DecodeError(f"unknown writer schema fingerprint {data[2:HEADER_LEN].hex()}")
         return found

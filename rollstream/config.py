@@ -10,6 +10,7 @@ import argparse
 import os
 import tomllib
 from dataclasses import dataclass, field, fields, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -20,31 +21,31 @@ class Topics:
 
     prefix: str = "rollstream"
 
-    @property
+    @cached_property
     def tasks(self) -> str:
         return f"{self.prefix}.tasks"
 
-    @property
+    @cached_property
     def episodes(self) -> str:
         return f"{self.prefix}.episodes"
 
-    @property
+    @cached_property
     def episode_state(self) -> str:
         return f"{self.prefix}.episode-state"
 
-    @property
+    @cached_property
     def trajectories(self) -> str:
         return f"{self.prefix}.trajectories"
 
-    @property
+    @cached_property
     def scored(self) -> str:
         return f"{self.prefix}.scored"
 
-    @property
+    @cached_property
     def policy(self) -> str:
         return f"{self.prefix}.policy"
 
-    @property
+    @cached_property
     def dlq(self) -> str:
         return f"{self.prefix}.dlq"
 
@@ -97,7 +98,7 @@ class Settings:
                           "renders (empty: the embedded policy's template)"},
     )
 
-    @property
+    @cached_property
     def topics(self) -> Topics:
         return Topics(self.prefix)
 

@@ -18,13 +18,15 @@ import uuid
 from pathlib import Path
 
 from rollstream import config
+from rollstream.loop import LoopConfig
 
 
 def register_cli(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
         "demo", help="run the whole RL loop on the embedded defaults, then summarize and plot",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tasks", type=int, default=300, help="copy_letter tasks to publish")
+    parser.add_argument("--tasks", type=int, default=LoopConfig.tasks,
+                        help="copy_letter tasks to publish")
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=280.0,
@@ -44,7 +46,7 @@ def run_demo(args: argparse.Namespace) -> int:
 
     from producers.publish import publish
     from rollstream.broker import local
-    from rollstream.loop import ClosedLoop, LoopConfig
+    from rollstream.loop import ClosedLoop
     from rollstream.topics import create_topics, delete_topics
 
     console = Console()

@@ -29,8 +29,10 @@ def consumer(settings: Settings, group: str, **extra: Any) -> Consumer:
         "enable.auto.commit": False,
         "auto.offset.reset": "earliest",
         "partition.assignment.strategy": "cooperative-sticky",
-        # Bound the prefetch so a slow stage does not buffer the topic in memory.
+        # Bound the prefetch so a slow stage does not buffer the topic in memory, but fetch
+        # big enough batches that trajectories (tens to hundreds of KiB each) stream quickly.
         "queued.max.messages.kbytes": 16384,
+        "max.partition.fetch.bytes": 8 * 1024 * 1024,
         "max.poll.interval.ms": 300000,
         "session.timeout.ms": 10000,
         "heartbeat.interval.ms": 1000,
@@ -45,6 +47,9 @@ def producer(settings: Settings, transactional_id: str | None = None, **extra: A
     conf: dict[str, Any] = {
         **settings.kafka(),
         "linger.ms": 5,
+        # Room for bursts (a stage emits between commits); memory is still capped by
+        # queue.buffering.max.kbytes.
+        "queue.buffering.max.messages": 1_000_000,
         "compression.type": "lz4",
         "message.max.bytes": 16 * 1024 * 1024,
         "enable.idempotence": True,

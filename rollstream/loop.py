@@ -41,7 +41,7 @@ def write_base_policy(path: Path, alphabet: str = LETTERS, seed: int = 0) -> Non
 
 @dataclass
 class LoopConfig:
-    tasks: int = 160
+    tasks: int = 300
     group_size: int = 8
     groups_per_batch: int = 4
     max_staleness: int = 2

@@ -90,7 +90,8 @@ class PartitionProgress:
             self.started(offset)
             self.finished(offset)
             return
-        self._skip.discard(offset)  # nothing in flight: the watermark simply moves past it
+        if self._skip:
+            self._skip.discard(offset)  # nothing in flight: the watermark simply moves past it
         self.watermark = offset + 1
         self.dirty = True
 

@@ -199,8 +199,31 @@ class StageRuntime:
         limit = min(free, MAX_BATCH)
         msgs = [first, *self.consumer.consume(limit - 1, timeout=0)] if limit > 1 else [first]
         self._idle = len(msgs) < limit
+        if not self._async:
+            self._run_sync(msgs)
+            return
         for msg in msgs:
             self._dispatch(msg)
+
+    def _run_sync(self, msgs: list[Message]) -> None:
+        """Sync stages: each event is handled and its outputs produced at once (the hot path)."""
+        decode, handle, emit = self._decode, self.stage.handle, self._emit
+        handled = 0
+        for msg in msgs:
+            progress = self._accept(msg)
+            if progress is None:
+                continue
+            offset = msg.offset()
+            try:
+                outputs = handle(decode(msg.value()), EventContext(msg.partition(), offset, emit))
+            except Exception as exc:
+                outputs = []
+                self._send_dead_letter(msg, self._reason(exc))
+            for out in outputs:
+                emit(out)
+            progress.passed(offset)
+            handled += 1
+        self.stats["processed"] += handled
 
     async def _wait(self) -> None:
         if self._tasks:
@@ -220,56 +243,55 @@ class StageRuntime:
             self.consumer.resume([TopicPartition(self.topic, p) for p in resume])
         self._paused = want
 
-    def _dispatch(self, msg: Message) -> None:
+    def _accept(self, msg: Message) -> PartitionProgress | None:
+        """The progress of the event's partition, or None when there is nothing to handle: a
+        consumer error, a partition revoked meanwhile, or an event already done (skipped)."""
         err = msg.error()
         if err is not None:
             if err.fatal():
                 raise KafkaException(err)
             log.warning("stage %s: consumer error %s", self.stage.name, err)
-            return
-        part, offset = msg.partition(), msg.offset()
-        progress = self._progress.get(part)
-        if progress is None:
-            return  # revoked between fetch and dispatch
-        if progress.should_skip(offset):
+            return None
+        progress = self._progress.get(msg.partition())
+        if progress is not None and progress.should_skip(msg.offset()):
             self.stats["skipped"] += 1
-            progress.passed(offset)
+            progress.passed(msg.offset())
+            return None
+        return progress
+
+    def _dispatch(self, msg: Message) -> None:
+        """Async stages: start the event's handler as a task; _reap collects its outputs."""
+        progress = self._accept(msg)
+        if progress is None:
             return
         try:
             event = self._decode(msg.value())
         except DecodeError as exc:
-            self._finish(msg, [], dead_letter=f"undecodable: {exc}")
-            progress.passed(offset)
+            self._finish(msg, [], dead_letter=self._reason(exc))
+            progress.passed(msg.offset())
             return
-        ctx = EventContext(part, offset, self._emit)
-        if self._async:
-            progress.started(offset)
-            task = asyncio.ensure_future(self._call(event, ctx))
-            self._tasks[task] = (part, msg)
-        else:
-            outputs, reason = self._call_sync(event, ctx)
-            self._finish(msg, outputs, dead_letter=reason)
-            progress.passed(offset)
+        progress.started(msg.offset())
+        task = asyncio.ensure_future(self._call(event, EventContext(msg.partition(),
+                                                                     msg.offset(), self._emit)))
+        self._tasks[task] = (msg.partition(), msg)
 
-    def _call_sync(self, event: dict, ctx: EventContext) -> tuple[list[Output], str | None]:
-        try:
-            return self.stage.handle(event, ctx), None  # type: ignore[return-value]
-        except InvalidEvent as exc:
-            return [], f"invalid: {exc}"
-        except Exception as exc:
-            log.exception("stage %s failed on an event", self.stage.name)
-            return [], f"stage error: {type(exc).__name__}: {exc}"
+    def _reason(self, exc: Exception) -> str:
+        """The dead-letter reason for an event whose handling raised `exc`."""
+        if isinstance(exc, DecodeError):
+            return f"undecodable: {exc}"
+        if isinstance(exc, InvalidEvent):
+            return f"invalid: {exc}"
+        log.error("stage %s failed on an event:\n%s", self.stage.name,
+                  "".join(traceback.format_exception(exc)))
+        return f"stage error: {type(exc).__name__}: {exc}"
 
     async def _call(self, event: dict, ctx: EventContext) -> tuple[list[Output], str | None]:
         try:
             return await self.stage.handle(event, ctx), None  # type: ignore[misc]
-        except InvalidEvent as exc:
-            return [], f"invalid: {exc}"
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            log.error("stage %s failed on an event:\n%s", self.stage.name, traceback.format_exc())
-            return [], f"stage error: {type(exc).__name__}: {exc}"
+            return [], self._reason(exc)
 
     def _reap(self) -> None:
         for task in [t for t in self._tasks if t.done()]:
@@ -294,7 +316,11 @@ class StageRuntime:
         value = out.value
         if isinstance(value, dict):
             value = self.codec.encode(out.record, value)
-        kafka.produce(self.producer, out.topic, value, out.key, out.partition)
+        try:
+            self.producer.produce(out.topic, value, out.key,
+                                  -1 if out.partition is None else out.partition)
+        except BufferError:  # local queue full: wait for room (backpressure)
+            kafka.produce(self.producer, out.topic, value, out.key, out.partition)
 
     def _send_dead_letter(self, msg: Message, reason: str) -> None:
         log.warning("stage %s: dead-letter %s[%d]@%d: %s", self.stage.name, msg.topic(),

@@ -109,7 +109,10 @@ class TrainerBridge:
                 produced += 1
                 if max_batches is not None and produced >= max_batches:
                     return
-            msgs = self.consumer.consume(500, timeout=0.2)
+            # Wait for one event, then take what is already fetched: consume(n, timeout)
+            # would wait out the timeout whenever fewer than n are there.
+            first = self.consumer.poll(0.2)
+            msgs = [first, *self.consumer.consume(499, timeout=0)] if first is not None else []
             if msgs:
                 last_event = time.monotonic()
             elif idle_timeout_s is not None and time.monotonic() - last_event > idle_timeout_s:
@@ -177,7 +180,8 @@ class TrainerBridge:
         else:
             for out in outputs:
                 self._produce(out)
-            self.producer.flush(30)  # outputs before the offsets that pass them
+            if outputs:
+                self.producer.flush(30)  # outputs before the offsets that pass them
             if offsets:
                 self.consumer.commit(offsets=offsets, asynchronous=False)
         for prog in self.progress.values():
