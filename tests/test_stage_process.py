@@ -38,3 +38,37 @@ def test_sigterm_commits_and_exits_cleanly(settings: Settings, tmp_path: Path) -
     assert all(tp.offset >= 0 for tp in committed)
     # Nothing is left after the committed offsets: a restarted INIT would redo no task.
     assert list(kafka.read_partitions(settings, committed)) == []
+
+
+def test_instance_id_gives_static_membership_that_survives_a_restart(
+        settings: Settings, tmp_path: Path) -> None:
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": settings.bootstrap_servers})
+    group = f"{settings.prefix}.init"
+
+    def members() -> list:
+        description = admin.describe_consumer_groups([group])[group].result(timeout=10)
+        return description.members
+
+    procs = ProcessGroup(tmp_path)
+    args = ["stage", "init", "--bootstrap-servers", settings.bootstrap_servers,
+            "--prefix", settings.prefix, "--instance-id", "worker-7"]
+    procs.start("init", *args)
+    deadline = time.monotonic() + 60
+    while not members():
+        procs.check_alive()
+        assert time.monotonic() < deadline
+        time.sleep(0.5)
+    [member] = members()
+    assert member.group_instance_id == f"{group}.worker-7"
+    first_id = member.member_id
+    procs.kill("init")  # a crash: no leave-group, the static member stays
+    procs.start("init-again", *args)
+    while (current := members()) and current[0].member_id == first_id:
+        procs.check_alive()
+        assert time.monotonic() < deadline, "the restarted process never replaced its member"
+        time.sleep(0.5)
+    [member] = members()
+    assert member.group_instance_id == f"{group}.worker-7"  # the same static member, replaced
+    procs.stop_all()
