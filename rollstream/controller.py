@@ -191,14 +191,14 @@ class Controller:
     """Consumes <p>.policy and keeps every server on the newest version (see module doc)."""
 
     def __init__(self, settings: config.Settings) -> None:
-        from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+        from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
+        from rollstream import kafka  # confluent-kafka only where the service runs
 
         self.settings = settings
         # No group: every controller reads the whole (one-partition) topic, newest version wins.
-        self.consumer = Consumer({**settings.kafka(), "group.id": f"{settings.prefix}.controller",
-                                  "isolation.level": "read_committed",
-                                  "enable.auto.commit": False})
-        self.consumer.assign([TopicPartition(settings.topics.policy, 0, OFFSET_BEGINNING)])
+        self.consumer = kafka.reader(
+            settings, [TopicPartition(settings.topics.policy, 0, OFFSET_BEGINNING)])
         self.latest: dict | None = None
         self.applied: dict[str, int] = {}
         self._stopping = False

@@ -75,20 +75,27 @@ def produce(p: Producer, topic: str, value: bytes | None, key: str | bytes | Non
             p.poll(0.05)
 
 
+def reader(settings: Settings, partitions: list[TopicPartition], **extra: Any) -> Consumer:
+    """A consumer that reads the given partitions (from their offsets), committed data only,
+    outside any consumer group: for following or inspecting a topic, never for sharing work."""
+    c = Consumer({
+        **settings.kafka(),
+        "group.id": f"rollstream-reader-{uuid.uuid4().hex[:8]}",  # required, never joined
+        "isolation.level": "read_committed",
+        "enable.auto.commit": False,
+        **extra,
+    })
+    c.assign(partitions)
+    return c
+
+
 def read_partitions(settings: Settings, partitions: list[TopicPartition],
                     timeout_s: float = 60.0) -> Iterator[Message]:
     """Read the given partitions from their offsets to their current end, committed data only."""
     if not partitions:
         return
-    c = Consumer({
-        **settings.kafka(),
-        "group.id": f"rollstream-reader-{uuid.uuid4().hex[:8]}",
-        "isolation.level": "read_committed",
-        "enable.auto.commit": False,
-        "enable.partition.eof": True,
-    })
+    c = reader(settings, partitions, **{"enable.partition.eof": True})
     try:
-        c.assign(partitions)
         remaining = {(tp.topic, tp.partition) for tp in partitions}
         deadline = time.monotonic() + timeout_s
         while remaining:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, TopicPartition
 
+from rollstream import kafka
 from rollstream.codec import codec
 from rollstream.config import Settings
 from rollstream.envs.copy_letter import LETTERS, demo_tasks
@@ -37,6 +38,9 @@ def write_base_policy(path: Path, alphabet: str = LETTERS, seed: int = 0) -> Non
             bias[ord(ch)] = 0.0
         bias[END] = -1.0
     save(model, path, version=0)
+
+
+STAGE_INPUTS = {"init": "tasks", "run": "episodes", "eval": "trajectories"}  # Topics attributes
 
 
 @dataclass
@@ -76,7 +80,8 @@ class ClosedLoop:
         self.procs = ProcessGroup(workdir / "logs")
         self.checkpoints = workdir / "checkpoints"
         self.progress = Progress()
-        self._readers: list[Consumer] = []
+        self._consumers: list[Consumer] = []
+        self._probes: dict[str, Consumer] = {}
 
     def start(self) -> None:
         self.checkpoints.mkdir(parents=True, exist_ok=True)
@@ -123,34 +128,31 @@ class ClosedLoop:
         raise TimeoutError("the loop did not finish in time")
 
     def _reader(self, topic: str) -> Consumer:
-        c = Consumer({**self.settings.kafka(), "group.id": f"{self.settings.prefix}.watch",
-                      "isolation.level": "read_committed", "enable.auto.commit": False})
-        parts = c.list_topics(topic, timeout=10).topics[topic].partitions
-        c.assign([TopicPartition(topic, p, 0) for p in parts])
-        self._readers.append(c)
+        parts = range(self.settings.partitions)
+        c = kafka.reader(self.settings, [TopicPartition(topic, p, 0) for p in parts])
+        self._consumers.append(c)
         return c
 
     def stage_lag(self) -> dict[str, int]:
         """Events waiting in each stage's input topic (end offset minus committed offset)."""
+        if not self._probes:  # one per stage group, made once: the display asks every refresh
+            for stage in STAGE_INPUTS:
+                self._probes[stage] = Consumer({**self.settings.kafka(),
+                                                "group.id": f"{self.settings.prefix}.{stage}"})
+            self._consumers.extend(self._probes.values())
         topics = self.settings.topics
         lag = {}
-        for stage, topic in (("init", topics.tasks), ("run", topics.episodes),
-                             ("eval", topics.trajectories)):
-            probe = Consumer({**self.settings.kafka(),
-                              "group.id": f"{self.settings.prefix}.{stage}"})
-            try:
-                parts = [TopicPartition(topic, p) for p in range(self.settings.partitions)]
-                committed = probe.committed(parts, timeout=5)
-                ends = [probe.get_watermark_offsets(tp, timeout=5, cached=False)[1]
-                        for tp in parts]
-                # Transaction markers take offsets too: a small overcount while work flows.
-                lag[stage] = sum(max(end - max(tp.offset, 0), 0)
-                                 for tp, end in zip(committed, ends, strict=True))
-            finally:
-                probe.close()
+        for stage, probe in self._probes.items():
+            parts = [TopicPartition(getattr(topics, STAGE_INPUTS[stage]), p)
+                     for p in range(self.settings.partitions)]
+            committed = probe.committed(parts, timeout=5)
+            ends = [probe.get_watermark_offsets(tp, timeout=5, cached=False)[1] for tp in parts]
+            # Transaction markers take offsets too: a small overcount while work flows.
+            lag[stage] = sum(max(end - max(tp.offset, 0), 0)
+                             for tp, end in zip(committed, ends, strict=True))
         return lag
 
     def stop(self) -> None:
-        for reader in self._readers:
-            reader.close()
+        for consumer in self._consumers:
+            consumer.close()
         self.procs.stop_all()

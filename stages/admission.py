@@ -19,15 +19,17 @@ from __future__ import annotations
 import statistics
 import threading
 import time
-import uuid
 from collections import deque
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
+from rollstream import kafka
 from rollstream.codec import DecodeError, codec
 from rollstream.config import Settings
 
-CONSUMED = "groups_consumed"  # the PolicyVersion metric written by trainer_bridge.train_loop
+# The PolicyVersion metric in which the trainer (trainer_bridge.train_loop) reports the groups
+# it is done with: the one place this name is defined.
+CONSUMED = "groups_consumed"
 
 
 class PolicyFollower:
@@ -36,13 +38,8 @@ class PolicyFollower:
     def __init__(self, settings: Settings) -> None:
         self.version = -1
         self.consumed = 0
-        self._consumer = Consumer({
-            **settings.kafka(),
-            "group.id": f"rollstream-follower-{uuid.uuid4().hex[:8]}",
-            "isolation.level": "read_committed",
-            "enable.auto.commit": False,
-        })
-        self._consumer.assign([TopicPartition(settings.topics.policy, 0, OFFSET_BEGINNING)])
+        self._consumer = kafka.reader(
+            settings, [TopicPartition(settings.topics.policy, 0, OFFSET_BEGINNING)])
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._follow, name="policy-follower", daemon=True)
         self._thread.start()

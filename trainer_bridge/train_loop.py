@@ -19,13 +19,12 @@ from rollstream import kafka
 from rollstream.codec import codec
 from rollstream.config import Settings
 from rollstream.runtime import Output
+from stages.admission import CONSUMED
 from trainer_bridge.bridge import TrainerBridge
 from trainer_bridge.groups import GroupPolicy
 from trainer_bridge.trainer import GRPOConfig, GRPOTrainer, HFPolicy, TinyPolicy
 
 log = logging.getLogger("rollstream.train")
-
-CONSUMED = "groups_consumed"  # PolicyVersion metric INIT's admission control reads
 
 
 def latest_policy(settings: Settings) -> dict | None:
