@@ -71,3 +71,24 @@ def test_bridge_dead_letters_undecodable_events(settings: Settings) -> None:
     [letter] = [codec().decode_as("DeadLetter", m.value()) for m in letters]
     assert letter["stage"] == "bridge" and letter["value"] == b"junk"
     assert letter["reason"].startswith("undecodable:")
+
+
+def test_dropped_groups_are_committed_and_not_seen_again(settings: Settings) -> None:
+    producer = kafka.producer(settings)
+    for i in range(2):  # task "flat": every sample scores 1.0, no signal: dropped
+        kafka.produce(producer, settings.topics.scored, scored("flat", i, 2, 1.0),
+                      key=f"flat#{i}")
+    for i in range(2):
+        kafka.produce(producer, settings.topics.scored, scored("mixed", i, 2, float(i)),
+                      key=f"mixed#{i}")
+    producer.flush()
+    with TrainerBridge(settings, groups_per_batch=1) as bridge:
+        seen = []
+        for batch in bridge.batches(idle_timeout_s=3):
+            seen += [g.task_id for g in batch.groups]
+            batch.ack()
+        assert seen == ["mixed"]
+        assert bridge.stats["groups_dropped_zero_variance"] == 1
+    with TrainerBridge(settings, groups_per_batch=1) as bridge:
+        assert list(bridge.batches(idle_timeout_s=3)) == []
+        assert bridge.stats.get("groups_dropped_zero_variance", 0) == 0  # not redelivered

@@ -35,6 +35,8 @@ def test_zero_variance_groups_are_dropped_and_counted() -> None:
     assembler = GroupAssembler()
     assert add_group(assembler, "t", [1.0, 1.0, 1.0, 1.0]) is None
     assert assembler.stats["groups_dropped_zero_variance"] == 1
+    [dropped] = assembler.take_dropped()  # handed back so the bridge acknowledges its offsets
+    assert len(dropped.samples) == 4
     keep = GroupAssembler(GroupPolicy(drop_zero_variance=False))
     assert add_group(keep, "t", [0.0, 0.0, 0.0, 0.0]) is not None
 
@@ -52,9 +54,9 @@ def test_incomplete_groups_time_out_and_are_dropped_or_trained() -> None:
         assembler = GroupAssembler(GroupPolicy(group_timeout_s=5, incomplete=rule))
         for i, r in enumerate([1.0, 0.0]):
             assembler.add(Sample(scored("t", i, r, group_size=4), 0, i), 0)
-        assert assembler.expire(0, now=0.0) == ([], [])
-        released, dropped = assembler.expire(0, now=1e12)
-        assert (len(released), len(dropped)) == (released_count, dropped_count)
+        assert assembler.expire(0, now=0.0) == [] and assembler.take_dropped() == []
+        released = assembler.expire(0, now=1e12)
+        assert (len(released), len(assembler.take_dropped())) == (released_count, dropped_count)
         assert assembler.stats["groups_timed_out"] == 1 and not assembler.pending
 
 

@@ -115,14 +115,18 @@ class TrainerBridge:
             msgs = [first, *self.consumer.consume(499, timeout=0)] if first is not None else []
             if msgs:
                 last_event = time.monotonic()
-            elif idle_timeout_s is not None and time.monotonic() - last_event > idle_timeout_s:
-                return
+            else:
+                # Nothing new: commit what was dropped or dead-lettered since the last ack, so
+                # a restart does not see it again when no batch follows.
+                if self._dead_letters or any(p.dirty for p in self.progress.values()):
+                    self._commit([])
+                if idle_timeout_s is not None and time.monotonic() - last_event > idle_timeout_s:
+                    return
             for msg in msgs:
                 self._accept(msg)
-            released, dropped = self.assembler.expire(self.current_version)
-            self._ready.extend(released)
-            for group in dropped:
-                self._finished(group.samples)
+            self._ready.extend(self.assembler.expire(self.current_version))
+            for group in self.assembler.take_dropped():
+                self._finished(group.samples)  # nothing to train on: acknowledged as handled
 
     def _accept(self, msg: Any) -> None:
         if msg.error() is not None:
@@ -146,12 +150,9 @@ class TrainerBridge:
             progress.finished(msg.offset())
             return
         sample = Sample(scored, msg.partition(), msg.offset())
-        pending = self.assembler.pending.get(scored["trajectory"]["task"]["task_id"])
         group = self.assembler.add(sample, self.current_version)
         if group is not None:
             self._ready.append(group)
-        elif pending is not None and pending.task_id not in self.assembler.pending:
-            self._finished(pending.samples)  # released with nothing to learn from: dropped
 
     def _produce(self, out: Output) -> None:
         value = None if out.value is None else codec().encode(out.record, out.value)
@@ -165,6 +166,11 @@ class TrainerBridge:
 
     def _ack(self, batch: Batch, outputs: list[Output]) -> None:
         self._finished(batch.samples)
+        self._commit(outputs)
+
+    def _commit(self, outputs: list[Output]) -> None:
+        """Commit finished offsets with the outputs (and pending dead letters), atomically when
+        transactional."""
         outputs = [*self._dead_letters, *outputs]
         self._dead_letters.clear()
         offsets = [TopicPartition(self.topic, p, prog.watermark, metadata=prog.metadata())

@@ -76,6 +76,7 @@ class GroupAssembler:
         self.policy = policy or GroupPolicy()
         self.pending: dict[str, Group] = {}
         self.stats: Counter[str] = Counter()
+        self.dropped: list[Group] = []  # groups that left without training; the caller acks them
 
     def add(self, sample: Sample, current_version: int) -> Group | None:
         """Add a sample; return its group once complete and scored. Repeats are ignored."""
@@ -90,22 +91,29 @@ class GroupAssembler:
             return None
         return self._release(self.pending.pop(group.task_id), current_version)
 
-    def expire(self, current_version: int, now: float | None = None) -> tuple[list[Group],
-                                                                                list[Group]]:
-        """Groups past their timeout: (released for training, dropped)."""
+    def expire(self, current_version: int, now: float | None = None) -> list[Group]:
+        """Groups past their timeout released for training (the others go to `dropped`)."""
         now = time.monotonic() if now is None else now
-        released, dropped = [], []
+        released = []
         for task_id in [t for t, g in self.pending.items()
                         if now - g.first_seen >= self.policy.group_timeout_s]:
             group = self.pending.pop(task_id)
             self.stats["groups_timed_out"] += 1
             if self.policy.incomplete == "partial":
                 kept = self._release(group, current_version)
-                (released if kept is not None else dropped).append(kept or group)
+                if kept is not None:
+                    released.append(kept)
             else:
-                self.stats["groups_dropped_incomplete"] += 1
-                dropped.append(group)
-        return released, dropped
+                self._drop(group, "groups_dropped_incomplete")
+        return released
+
+    def take_dropped(self) -> list[Group]:
+        dropped, self.dropped = self.dropped, []
+        return dropped
+
+    def _drop(self, group: Group, reason: str) -> None:
+        self.stats[reason] += 1
+        self.dropped.append(group)
 
     def _release(self, group: Group, current_version: int) -> Group | None:
         """Score the group's samples; None when the group has nothing to learn from."""
@@ -121,10 +129,10 @@ class GroupAssembler:
                 rewards.append(s.reward)
         valid = [r for r in rewards if r is not None]
         if len(valid) < 2:
-            self.stats["groups_dropped_too_few"] += 1
+            self._drop(group, "groups_dropped_too_few")
             return None
         if self.policy.drop_zero_variance and max(valid) == min(valid):
-            self.stats["groups_dropped_zero_variance"] += 1
+            self._drop(group, "groups_dropped_zero_variance")
             return None
         for s, adv in zip(group.samples, group_advantages(rewards, self.policy.normalize_std),
                           strict=True):
