@@ -316,11 +316,7 @@ class StageRuntime:
         value = out.value
         if isinstance(value, dict):
             value = self.codec.encode(out.record, value)
-        try:
-            self.producer.produce(out.topic, value, out.key,
-                                  -1 if out.partition is None else out.partition)
-        except BufferError:  # local queue full: wait for room (backpressure)
-            kafka.produce(self.producer, out.topic, value, out.key, out.partition)
+        kafka.produce(self.producer, out.topic, value, out.key, out.partition)
 
     def _send_dead_letter(self, msg: Message, reason: str) -> None:
         log.warning("stage %s: dead-letter %s[%d]@%d: %s", self.stage.name, msg.topic(),

@@ -92,7 +92,6 @@ class RunStage(Stage):
         self.router: Router | None = None
         # Checkpoints of unfinished episodes, by input partition, then episode id.
         self.checkpoints: dict[int, dict[str, dict]] = {}
-        self.resumed = 0
 
     @staticmethod
     def _template(settings: Settings) -> ChatTemplate:
@@ -171,7 +170,6 @@ class RunStage(Stage):
                     "finished_at_ms": 0,
                 }
             else:
-                self.resumed += 1
                 log.info("resuming %s at turn %d", episode_id, len(turns))
             try:
                 await self._play(env, trajectory, ctx)
