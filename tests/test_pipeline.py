@@ -6,6 +6,7 @@ episode must still be scored exactly once (read_committed), and the replayed log
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from pathlib import Path
@@ -18,6 +19,7 @@ from producers.replay import replay
 from rollstream import kafka
 from rollstream.codec import codec
 from rollstream.config import Settings
+from rollstream.envs.registry import get_env
 from rollstream.processes import ProcessGroup, free_port, wait_http
 from trainer_bridge.bridge import TrainerBridge
 from trainer_bridge.groups import GroupPolicy
@@ -126,4 +128,10 @@ def test_sigkill_of_a_run_process_neither_loses_nor_duplicates(settings: Setting
                   for g in (batch.ack() or batch.groups)]
     assert len(groups) == TASKS
     assert all(len({s.episode_id for s in g.samples}) == GROUP for g in groups)
-    assert json.loads(events[0]["verifier"]) is not None
+    # EVAL's verdicts are the environments' own: re-scoring the trajectories gives the same.
+    for event in events[::50]:
+        trajectory = event["trajectory"]
+        score = asyncio.run(get_env(trajectory["task"]["env"]).evaluate(trajectory["task"],
+                                                                         trajectory))
+        assert (score.reward, score.failure_class) == (event["reward"], event["failure_class"])
+        assert json.loads(event["verifier"]) == score.verifier
