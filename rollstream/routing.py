@@ -87,7 +87,6 @@ class Router:
         self.servers: dict[str, Server] = {}
         self.pins: dict[str, Server] = {}  # episode id → its server
         self.migrations = 0
-        self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:

@@ -18,8 +18,8 @@ import tarfile
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Any, ClassVar
+from dataclasses import dataclass, field
+from typing import ClassVar
 
 from rollstream.sandbox.capture import HeadTail
 from rollstream.sandbox.leases import Lease
@@ -169,11 +169,6 @@ class Sandbox(ABC):
 
     async def write_file(self, path: str, data: bytes) -> None:
         await self.write_files({path: data})
-
-    def describe(self) -> dict[str, Any]:
-        """JSON-serializable identity, for episode state and logs."""
-        return {"backend": self.backend, "id": self.id, "workdir": self.workdir,
-                "limits": asdict(self.spec.limits)}
 
     async def __aenter__(self) -> Sandbox:
         return self
