@@ -107,10 +107,6 @@ class PartitionProgress:
             self.watermark = first + 1
         self.dirty = True
 
-    @property
-    def in_flight(self) -> int:
-        return sum(1 for done in self._seen.values() if not done)
-
     def metadata(self) -> str:
         done = sorted({o for o, d in self._seen.items() if d} | self._skip)
         return encode_done(self.watermark, [o for o in done if o >= self.watermark])

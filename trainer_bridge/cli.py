@@ -57,7 +57,7 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
 
 
 def batch_summary(batch) -> dict:
-    rewards = [s.scored["reward"] for s in batch.samples if s.scored["reward"] is not None]
+    rewards = [s.reward for s in batch.samples if s.reward is not None]
     return {
         "groups": len(batch.groups),
         "samples": len(batch.samples),
