@@ -316,7 +316,14 @@ class StageRuntime:
         value = out.value
         if isinstance(value, dict):
             value = self.codec.encode(out.record, value)
-        kafka.produce(self.producer, out.topic, value, out.key, out.partition)
+        # Produced inline, not through kafka.produce: in the pass-through benchmark the helper
+        # call measured one-hop p50 latency of 77-175 ms (5 runs) against 17-21 ms (3 runs)
+        # inline; the cause is not understood, the difference was repeatable.
+        try:
+            self.producer.produce(out.topic, value, out.key,
+                                  -1 if out.partition is None else out.partition)
+        except BufferError:  # local queue full: wait for room (backpressure)
+            kafka.produce(self.producer, out.topic, value, out.key, out.partition)
 
     def _send_dead_letter(self, msg: Message, reason: str) -> None:
         log.warning("stage %s: dead-letter %s[%d]@%d: %s", self.stage.name, msg.topic(),
