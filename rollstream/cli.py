@@ -11,6 +11,7 @@ import sys
 FEATURE_MODULES = [
     "rollstream.broker.cli",
     "rollstream.topics",
+    "rollstream.contracts",
     "stages.cli",
     "trainer_bridge.cli",
     "rollstream.policy.cli",

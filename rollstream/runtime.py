@@ -321,7 +321,8 @@ class StageRuntime:
         # inline; the cause is not understood, the difference was repeatable.
         try:
             self.producer.produce(out.topic, value, out.key,
-                                  -1 if out.partition is None else out.partition)
+                                  -1 if out.partition is None else out.partition,
+                                  headers=self.codec.headers_for(value))
         except BufferError:  # local queue full: wait for room (backpressure)
             kafka.produce(self.producer, out.topic, value, out.key, out.partition)
 
