@@ -14,40 +14,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-
-@dataclass(frozen=True)
-class Topics:
-    """The topic graph, all names under one prefix."""
-
-    prefix: str = "rollstream"
-
-    @cached_property
-    def tasks(self) -> str:
-        return f"{self.prefix}.tasks"
-
-    @cached_property
-    def episodes(self) -> str:
-        return f"{self.prefix}.episodes"
-
-    @cached_property
-    def episode_state(self) -> str:
-        return f"{self.prefix}.episode-state"
-
-    @cached_property
-    def trajectories(self) -> str:
-        return f"{self.prefix}.trajectories"
-
-    @cached_property
-    def scored(self) -> str:
-        return f"{self.prefix}.scored"
-
-    @cached_property
-    def policy(self) -> str:
-        return f"{self.prefix}.policy"
-
-    @cached_property
-    def dlq(self) -> str:
-        return f"{self.prefix}.dlq"
+from rollstream.graph import Topics
 
 
 @dataclass(frozen=True)

@@ -126,7 +126,7 @@ class StageRuntime:
         self.stage = stage
         self.settings = settings
         self.topic = stage.input_topic()
-        self.group = f"{settings.prefix}.{stage.name}"
+        self.group = settings.topics.group(stage.name)
         self.drain_timeout_s = drain_timeout_s
         self.consumer = kafka.consumer(settings, self.group)
         self.producer = kafka.producer(settings, kafka.process_id(settings, self.group))

@@ -22,6 +22,7 @@ from confluent_kafka import KafkaException, TopicPartition
 from rollstream import kafka
 from rollstream.codec import DecodeError, codec
 from rollstream.config import Settings
+from rollstream.graph import BRIDGE
 from rollstream.offsets import PartitionProgress, decode_done
 from rollstream.runtime import Output, dead_letter
 from trainer_bridge.groups import Group, GroupAssembler, GroupPolicy, Sample
@@ -64,7 +65,7 @@ class TrainerBridge:
         self.topic = settings.topics.scored
         self.groups_per_batch = groups_per_batch
         self.current_version = 0  # the trainer's policy version, for the staleness bound
-        group_id = group or f"{settings.prefix}.bridge"
+        group_id = group or settings.topics.group(BRIDGE)
         self.consumer = kafka.consumer(settings, group_id)
         self.producer = kafka.producer(
             settings, kafka.process_id(settings, group_id) if transactional else None)
