@@ -37,6 +37,7 @@ bench: venv deps
 
 lint: venv
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports --no-logo
 
 broker-start: venv deps
 	$(BIN)/rollstream broker start

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import time
 
+from rollstream.admission import AdmissionGate
 from rollstream.config import Settings
 from rollstream.envs.base import InvalidTask
 from rollstream.envs.registry import UnknownEnv, get_env
 from rollstream.runtime import EventContext, InvalidEvent, Output, Stage
-from stages.admission import AdmissionGate
 
 
 def episode_id(task_id: str, sample_index: int) -> str:

@@ -16,10 +16,10 @@ from pathlib import Path
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
 from rollstream import kafka
+from rollstream.admission import CONSUMED
 from rollstream.codec import codec
 from rollstream.config import Settings
 from rollstream.runtime import Output
-from stages.admission import CONSUMED
 from trainer_bridge.bridge import TrainerBridge
 from trainer_bridge.groups import GroupPolicy
 from trainer_bridge.trainer import GRPOConfig, GRPOTrainer, HFPolicy, TinyPolicy
