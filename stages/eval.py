@@ -1,10 +1,15 @@
-"""EVAL: score a finished trajectory with its environment's verifier."""
+"""EVAL: score a finished trajectory with its environment's verifier.
+
+How the episode ended is scored here, before the environment is asked (`termination_score`): an
+infra or environment failure has no reward whatever a plug-in's `evaluate` would say.
+"""
 
 from __future__ import annotations
 
 import json
 import time
 
+from rollstream.envs.base import termination_score
 from rollstream.envs.registry import UnknownEnv, get_env
 from rollstream.runtime import EventContext, InvalidEvent, Output, Stage
 
@@ -24,7 +29,7 @@ class EvalStage(Stage):
             env = get_env(task["env"])
         except UnknownEnv as exc:
             raise InvalidEvent(str(exc)) from exc
-        score = await env.evaluate(task, trajectory)
+        score = termination_score(trajectory) or await env.evaluate(task, trajectory)
         return [Output(self.topics.scored, trajectory["episode_id"], "ScoredTrajectory", {
             "trajectory": trajectory,
             "reward": score.reward,
