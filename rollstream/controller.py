@@ -31,6 +31,7 @@ from typing import Any
 import aiohttp
 
 from rollstream import config
+from rollstream.events import POLICY_VERSION
 from rollstream.vllm_middleware import VERSION_PATH
 
 log = logging.getLogger("rollstream.controller")
@@ -218,7 +219,7 @@ class Controller:
                         if msg.error() is not None:
                             continue
                         try:
-                            event = codec().decode_as("PolicyVersion", msg.value())
+                            event = codec().decode_as(POLICY_VERSION, msg.value())
                         except DecodeError as exc:
                             log.warning("skipping an undecodable policy event: %s", exc)
                             continue

@@ -36,6 +36,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 from rollstream import kafka
 from rollstream.codec import DecodeError, codec
 from rollstream.config import Settings, Topics
+from rollstream.events import DEAD_LETTER
 from rollstream.offsets import PartitionProgress, decode_done
 
 log = logging.getLogger("rollstream.runtime")
@@ -71,7 +72,7 @@ class EventContext:
 
 def dead_letter(topics: Topics, stage: str, msg: Message, reason: str) -> Output:
     """The dead-letter record for an input event: reason, coordinates and the original bytes."""
-    return Output(topics.dlq, msg.key() or b"", "DeadLetter", {
+    return Output(topics.dlq, msg.key() or b"", DEAD_LETTER, {
         "stage": stage,
         "reason": reason,
         "source_topic": msg.topic(),

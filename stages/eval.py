@@ -11,12 +11,13 @@ import time
 
 from rollstream.envs.base import termination_score
 from rollstream.envs.registry import UnknownEnv, get_env
+from rollstream.events import SCORED_TRAJECTORY, TRAJECTORY
 from rollstream.runtime import EventContext, InvalidEvent, Output, Stage
 
 
 class EvalStage(Stage):
     name = "eval"
-    input_record = "Trajectory"
+    input_record = TRAJECTORY
 
     def input_topic(self) -> str:
         return self.topics.trajectories
@@ -30,7 +31,7 @@ class EvalStage(Stage):
         except UnknownEnv as exc:
             raise InvalidEvent(str(exc)) from exc
         score = termination_score(trajectory) or await env.evaluate(task, trajectory)
-        return [Output(self.topics.scored, trajectory["episode_id"], "ScoredTrajectory", {
+        return [Output(self.topics.scored, trajectory["episode_id"], SCORED_TRAJECTORY, {
             "trajectory": trajectory,
             "reward": score.reward,
             "failure_class": score.failure_class,

@@ -33,6 +33,7 @@ from rollstream import kafka
 from rollstream.codec import codec, pack_ids, pack_logprobs, unpack_ids
 from rollstream.config import Settings
 from rollstream.envs.registry import UnknownEnv, get_env
+from rollstream.events import EPISODE, TRAJECTORY
 from rollstream.inference import Completion, ContextOverflow, ServerError
 from rollstream.policy.chat import EmbeddedChatTemplate
 from rollstream.routing import Router
@@ -84,7 +85,7 @@ def sample_ids(turns: list[dict]) -> list[int]:
 
 class RunStage(Stage):
     name = "run"
-    input_record = "Episode"
+    input_record = EPISODE
 
     def __init__(self, settings: Settings, template: ChatTemplate | None = None) -> None:
         super().__init__(settings)
@@ -130,7 +131,7 @@ class RunStage(Stage):
             if msg.value() is None:
                 self.checkpoints[msg.partition()].pop(episode, None)
             else:
-                self.checkpoints[msg.partition()][episode] = c.decode_as("Trajectory", msg.value())
+                self.checkpoints[msg.partition()][episode] = c.decode_as(TRAJECTORY, msg.value())
 
     def on_revoke(self, partitions: list[int]) -> None:
         for p in partitions:
@@ -138,7 +139,7 @@ class RunStage(Stage):
 
     def _checkpoint(self, ctx: EventContext, trajectory: dict | None, episode_id: str) -> None:
         ctx.emit(Output(self.topics.episode_state, episode_id,
-                        None if trajectory is None else "Trajectory", trajectory,
+                        None if trajectory is None else TRAJECTORY, trajectory,
                         partition=ctx.partition))
 
     # -- the episode -------------------------------------------------------------------------
@@ -181,7 +182,7 @@ class RunStage(Stage):
             self.router.release(episode_id)
         trajectory["finished_at_ms"] = now_ms()
         self._checkpoint(ctx, None, episode_id)  # done: drop the checkpoint
-        return [Output(self.topics.trajectories, episode_id, "Trajectory", trajectory)]
+        return [Output(self.topics.trajectories, episode_id, TRAJECTORY, trajectory)]
 
     async def _play(self, env, trajectory: dict, ctx: EventContext) -> None:
         task = trajectory["task"]

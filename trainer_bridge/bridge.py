@@ -22,6 +22,7 @@ from confluent_kafka import KafkaException, TopicPartition
 from rollstream import kafka
 from rollstream.codec import DecodeError, codec
 from rollstream.config import Settings
+from rollstream.events import SCORED_TRAJECTORY
 from rollstream.graph import BRIDGE
 from rollstream.offsets import PartitionProgress, decode_done
 from rollstream.runtime import Output, dead_letter
@@ -142,7 +143,7 @@ class TrainerBridge:
             progress.finished(msg.offset())  # in a batch a previous bridge already handed out
             return
         try:
-            scored = codec().decode_as("ScoredTrajectory", msg.value())
+            scored = codec().decode_as(SCORED_TRAJECTORY, msg.value())
         except DecodeError as exc:
             # Sent with the next ack, before or with the offset commit that passes it.
             self._dead_letters.append(
