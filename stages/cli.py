@@ -29,10 +29,12 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
 def run_stage(args: argparse.Namespace) -> int:
     import importlib
 
+    from rollstream import metrics
     from rollstream.runtime import StageRuntime
 
     config.log_to_stderr()
     settings = config.load_resolved(args)
+    metrics.serve(settings.metrics_port)
     module, cls, _ = STAGES[args.name]
     stage = getattr(importlib.import_module(module), cls)(settings)
     StageRuntime(stage, settings, drain_timeout_s=args.drain_timeout).run()

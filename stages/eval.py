@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 
+from rollstream import metrics
 from rollstream.envs.registry import UnknownEnv, get_env
 from rollstream.runtime import EventContext, InvalidEvent, Output, Stage
 
@@ -25,6 +26,7 @@ class EvalStage(Stage):
         except UnknownEnv as exc:
             raise InvalidEvent(str(exc)) from exc
         score = await env.evaluate(task, trajectory)
+        metrics.scored(task["env"], score.failure_class, score.reward)
         return [Output(self.topics.scored, trajectory["episode_id"], "ScoredTrajectory", {
             "trajectory": trajectory,
             "reward": score.reward,

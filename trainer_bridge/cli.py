@@ -7,7 +7,7 @@ import json
 import statistics
 from pathlib import Path
 
-from rollstream import config
+from rollstream import config, metrics
 
 
 def register_cli(sub: argparse._SubParsersAction) -> None:
@@ -75,6 +75,7 @@ def run_train(args: argparse.Namespace) -> int:
 
     config.log_to_stderr()
     settings = config.load_resolved(args)
+    metrics.serve(settings.metrics_port)
     policy = GroupPolicy(normalize_std=not args.dr_grpo, max_staleness=args.max_staleness,
                          group_timeout_s=args.group_timeout, incomplete=args.incomplete,
                          drop_zero_variance=not args.keep_zero_variance)

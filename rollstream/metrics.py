@@ -1,0 +1,199 @@
+"""Prometheus metrics of every long-running process, served at /metrics with `--metrics-port`.
+
+The other modules call one function here per thing worth counting, so what is measured and how
+it is named lives in one place. Names follow Prometheus conventions: counters end in `_total`,
+durations are in seconds. Off by default: until `serve()` is called, a stage gets `OFF`, whose
+methods do nothing, so a process without a metrics port pays no more than a no-op call.
+
+Stage series carry a `stage` label (init, run, eval, bridge, train); inference series a `server`
+label (the server's base URL).
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from typing import Any
+
+from prometheus_client import Counter, Gauge, Histogram, start_http_server
+
+# Event latency: from the input record's timestamp (when it was produced) to when the stage is
+# done with it; spans milliseconds (INIT) to minutes (a long RUN episode).
+LATENCY_BUCKETS = (.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+COMMIT_BUCKETS = (.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10)
+
+CONSUMED = Counter("rollstream_events_consumed_total",
+                   "Input events a stage finished (handled or dead-lettered)", ["stage"])
+PRODUCED = Counter("rollstream_events_produced_total",
+                   "Events a stage produced, by destination topic", ["stage", "topic"])
+DEAD_LETTERED = Counter("rollstream_events_dead_lettered_total",
+                        "Input events sent to the dead-letter topic", ["stage"])
+IN_FLIGHT = Gauge("rollstream_in_flight_events", "Events a stage is working on now", ["stage"])
+PAUSED = Gauge("rollstream_paused_partitions",
+               "Input partitions paused for backpressure", ["stage"])
+COMMIT_SECONDS = Histogram("rollstream_transaction_commit_seconds",
+                           "Time to commit one transaction (offsets and outputs)", ["stage"],
+                           buckets=COMMIT_BUCKETS)
+ABORTS = Counter("rollstream_transaction_aborts_total",
+                 "Transactions aborted (their events are redone)", ["stage"])
+REBALANCES = Counter("rollstream_rebalances_total",
+                     "Partition assignments, revocations and losses", ["stage", "kind"])
+EVENT_LATENCY = Histogram("rollstream_event_latency_seconds",
+                          "From an input event's timestamp to the stage finishing it",
+                          ["stage"], buckets=LATENCY_BUCKETS)
+
+EPISODES = Counter("rollstream_episodes_total", "Episodes scored, by environment and failure "
+                   "class", ["env", "failure_class"])
+REWARD = Histogram("rollstream_reward", "Rewards of scored episodes (infra failures have none)",
+                   ["env"], buckets=(0, .1, .2, .3, .4, .5, .6, .7, .8, .9, 1))
+STALENESS = Histogram("rollstream_trained_sample_staleness_versions",
+                      "Policy versions between a trained sample's oldest turn and the trainer",
+                      buckets=(0, 1, 2, 3, 4, 6, 8, 12, 16, 32))
+POLICY_VERSION = Gauge("rollstream_policy_version", "The policy version this trainer published")
+TRAIN_STEPS = Counter("rollstream_train_steps_total", "Trainer steps taken")
+TRAINED_SAMPLES = Counter("rollstream_trained_samples_total", "Samples trained on")
+TRAINED_TOKENS = Counter("rollstream_trained_tokens_total", "Sampled tokens trained on")
+
+INFERENCE_REQUESTS = Counter("rollstream_inference_requests_total",
+                             "Completion requests, by server and outcome (ok, error)",
+                             ["server", "outcome"])
+INFERENCE_RETRIES = Counter("rollstream_inference_retries_total",
+                            "Failed completion requests that are tried again", ["server"])
+MIGRATIONS = Counter("rollstream_episode_migrations_total",
+                     "Episodes moved off a server (down, removed or ejected)", ["server"])
+SERVER_LOAD = Gauge("rollstream_router_server_load", "The router's view of a server's load: "
+                    "pinned episodes + other clients' requests + KV-cache use", ["server"])
+SERVER_EPISODES = Gauge("rollstream_router_server_episodes", "Episodes pinned to a server",
+                        ["server"])
+SERVER_HEALTHY = Gauge("rollstream_router_server_healthy", "1 if a server is in rotation",
+                       ["server"])
+
+_sandboxes: weakref.WeakSet[Any] = weakref.WeakSet()
+SANDBOXES = Gauge("rollstream_sandboxes_alive", "Sandboxes created and not yet destroyed")
+SANDBOXES.set_function(lambda: sum(1 for s in list(_sandboxes) if not s.closed))
+
+_serving = False
+
+
+def serve(port: int, host: str = "0.0.0.0") -> None:
+    """Serve /metrics on `port` (0: do nothing); call once, early, in a long-running process."""
+    global _serving
+    if port and not _serving:
+        start_http_server(port, addr=host)
+        _serving = True
+
+
+def serving() -> bool:
+    return _serving
+
+
+class StageMetrics:
+    """One stage process's series, with the label bound once (the hot path calls these)."""
+
+    def __init__(self, stage: str) -> None:
+        self.stage = stage
+        self._consumed = CONSUMED.labels(stage)
+        self._dead = DEAD_LETTERED.labels(stage)
+        self._in_flight = IN_FLIGHT.labels(stage)
+        self._paused = PAUSED.labels(stage)
+        self._commit = COMMIT_SECONDS.labels(stage)
+        self._aborts = ABORTS.labels(stage)
+        self._latency = EVENT_LATENCY.labels(stage)
+        self._produced: dict[str, Any] = {}
+
+    def consumed(self, n: int = 1) -> None:
+        self._consumed.inc(n)
+
+    def finished(self, timestamp_ms: int) -> None:
+        """An input event is done; `timestamp_ms` is its record timestamp."""
+        self._latency.observe(max(0.0, time.time() - timestamp_ms / 1000))
+
+    def produced(self, topic: str) -> None:
+        child = self._produced.get(topic)
+        if child is None:
+            child = self._produced[topic] = PRODUCED.labels(self.stage, topic)
+        child.inc()
+
+    def dead_lettered(self) -> None:
+        self._dead.inc()
+
+    def in_flight(self, n: int) -> None:
+        self._in_flight.set(n)
+
+    def paused(self, n: int) -> None:
+        self._paused.set(n)
+
+    def committed(self, seconds: float) -> None:
+        self._commit.observe(seconds)
+
+    def aborted(self) -> None:
+        self._aborts.inc()
+
+    def rebalanced(self, kind: str) -> None:
+        REBALANCES.labels(self.stage, kind).inc()
+
+
+class _Off(StageMetrics):
+    """No metrics port: every call is a no-op."""
+
+    def __init__(self, stage: str) -> None:
+        self.stage = stage
+
+    def consumed(self, n: int = 1) -> None: ...
+    def finished(self, timestamp_ms: int) -> None: ...
+    def produced(self, topic: str) -> None: ...
+    def dead_lettered(self) -> None: ...
+    def in_flight(self, n: int) -> None: ...
+    def paused(self, n: int) -> None: ...
+    def committed(self, seconds: float) -> None: ...
+    def aborted(self) -> None: ...
+    def rebalanced(self, kind: str) -> None: ...
+
+
+def for_stage(stage: str) -> StageMetrics:
+    """The stage's metrics when this process serves them, else the no-op ones."""
+    return StageMetrics(stage) if _serving else _Off(stage)
+
+
+# -- domain events (one call each from the code where they happen) ---------------------------
+
+def scored(env: str, failure_class: str, reward: float | None) -> None:
+    EPISODES.labels(env, failure_class).inc()
+    if reward is not None:
+        REWARD.labels(env).observe(reward)
+
+
+def trained(version: int, samples: list[Any], tokens: float) -> None:
+    """A trainer step produced `version` from `samples` (trainer_bridge Sample objects)."""
+    POLICY_VERSION.set(version)
+    TRAIN_STEPS.inc()
+    TRAINED_SAMPLES.inc(len(samples))
+    TRAINED_TOKENS.inc(tokens)
+    for s in samples:
+        if s.oldest_version is not None and s.oldest_version >= 0:
+            STALENESS.observe(max(0, version - 1 - s.oldest_version))
+
+
+def inference_request(server: str, ok: bool) -> None:
+    INFERENCE_REQUESTS.labels(server, "ok" if ok else "error").inc()
+
+
+def inference_retry(server: str) -> None:
+    INFERENCE_RETRIES.labels(server).inc()
+
+
+def migrated(from_server: str) -> None:
+    MIGRATIONS.labels(from_server).inc()
+
+
+def server_probed(server: Any) -> None:
+    """The router's view of one server after a health check (routing.Server)."""
+    load, _ = server.score()
+    SERVER_LOAD.labels(server.url).set(load)
+    SERVER_EPISODES.labels(server.url).set(server.episodes)
+    SERVER_HEALTHY.labels(server.url).set(1 if server.usable else 0)
+
+
+def track_sandbox(sandbox: Any) -> None:
+    """Count a sandbox as alive until it is destroyed (`closed`) or garbage."""
+    _sandboxes.add(sandbox)
