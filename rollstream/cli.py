@@ -20,6 +20,8 @@ FEATURE_MODULES = [
     "rollstream.envs.cli",
     "rollstream.sandbox.cli",
     "rollstream.demo",
+    "rollstream.status",
+    "rollstream.dlq",
 ]
 
 
