@@ -224,10 +224,10 @@ class StageRuntime:
             for out in outputs:
                 emit(out)
             progress.passed(offset)
-            self.metrics.finished(msg.timestamp()[1])
             handled += 1
         self.stats["processed"] += handled
         self.metrics.consumed(handled)
+        self.metrics.finished_batch(msgs)
 
     async def _wait(self) -> None:
         if self._tasks:
