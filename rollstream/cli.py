@@ -22,6 +22,7 @@ FEATURE_MODULES = [
     "rollstream.demo",
     "rollstream.status",
     "rollstream.dlq",
+    "rollstream.stats",
 ]
 
 
