@@ -22,7 +22,7 @@ from typing import Any
 from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from rollstream import config, kafka
+from rollstream import config, kafka, metrics
 from rollstream.codec import DecodeError, codec
 from rollstream.config import Settings
 
@@ -198,7 +198,9 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
                     "partitions, lag (events waiting past its committed offsets; '~' marks an "
                     "estimate when very many wait), events/s over the interval, in-flight "
                     "events (with --metrics-url); dead letters; the newest policy version; "
-                    "inference servers' health and load (--policy-url).")
+                    "inference servers' health and load (--policy-url). With --watch and "
+                    "--metrics-port it also serves lag, members, committed offsets, dead "
+                    "letters and the policy version as Prometheus gauges.")
     parser.add_argument("--json", action="store_true", help="print one JSON object per refresh")
     parser.add_argument("--watch", action="store_true", help="refresh until interrupted")
     parser.add_argument("--interval", type=float, default=2.0,
@@ -210,13 +212,17 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    inspector = Inspector(config.load_resolved(args), args.metrics_url)
+    settings = config.load_resolved(args)
+    metrics.serve(settings.metrics_port)
+    inspector = Inspector(settings, args.metrics_url)
     try:
-        inspector.snapshot()  # the first look: rates need two
+        metrics.pipeline_status(inspector.snapshot())  # the first look: rates need two
         if args.json:
             while True:
                 time.sleep(args.interval)
-                print(json.dumps(inspector.snapshot()), flush=True)
+                snapshot = inspector.snapshot()
+                metrics.pipeline_status(snapshot)
+                print(json.dumps(snapshot), flush=True)
                 if not args.watch:
                     return 0
         from rich.live import Live
@@ -230,7 +236,9 @@ def run(args: argparse.Namespace) -> int:
         with Live(render(inspector.snapshot()), auto_refresh=False) as live:
             while True:
                 time.sleep(args.interval)
-                live.update(render(inspector.snapshot()), refresh=True)
+                snapshot = inspector.snapshot()
+                metrics.pipeline_status(snapshot)
+                live.update(render(snapshot), refresh=True)
     except KeyboardInterrupt:
         return 0
     finally:

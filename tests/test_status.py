@@ -29,28 +29,34 @@ def status(settings: Settings, *extra: str) -> dict:
     return json.loads(out.stdout)
 
 
+def start_pipeline(settings: Settings, procs: ProcessGroup, workdir: Path,
+                   ports: dict[str, int]) -> str:
+    """Policy server, INIT, RUN, EVAL and the trainer, each stage serving /metrics on its port
+    in `ports`; publishes TASKS tasks. Returns the policy server's URL."""
+    url = f"http://127.0.0.1:{free_port()}"
+    common = ["--bootstrap-servers", settings.bootstrap_servers, "--prefix", settings.prefix,
+              "--policy-url", url, "--commit-interval-ms", "100"]
+    server = procs.start("policy", "serve-policy", "--port", url.rsplit(":", 1)[1])
+    for stage in ("init", "run", "eval"):
+        procs.start(stage, "stage", stage, *common, "--metrics-port", str(ports[stage]))
+    procs.start("train", "train", *common, "--checkpoint-dir", str(workdir / "ckpt"),
+                "--groups-per-batch", "2", "--metrics-port", str(ports["train"]))
+    wait_http(f"{url}/health", proc=server, timeout=120)
+    publish(settings, [validate_task({
+        "task_id": f"a{i}", "env": "arithmetic", "prompt": f"{i % 5}+2=",
+        "data": {"answer": str(i % 5 + 2)}, "group_size": GROUP,
+        "sampling": {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "max_tokens": 4,
+                     "seed": i}}) for i in range(TASKS)])
+    return url
+
+
 @pytest.mark.slow
 def test_status_shows_every_stage_drained_and_metrics_match(settings: Settings,
                                                              tmp_path: Path) -> None:
     procs = ProcessGroup(tmp_path / "logs")
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    common = ["--bootstrap-servers", settings.bootstrap_servers, "--prefix", settings.prefix,
-              "--policy-url", url, "--commit-interval-ms", "100"]
     ports = {name: free_port() for name in ("init", "run", "eval", "train")}
     try:
-        server = procs.start("policy", "serve-policy", "--port", str(port))
-        for stage in ("init", "run", "eval"):
-            procs.start(stage, "stage", stage, *common, "--metrics-port", str(ports[stage]))
-        procs.start("train", "train", *common, "--checkpoint-dir", str(tmp_path / "ckpt"),
-                    "--groups-per-batch", "2", "--metrics-port", str(ports["train"]))
-        wait_http(f"{url}/health", proc=server, timeout=120)
-        publish(settings, [validate_task({
-            "task_id": f"a{i}", "env": "arithmetic", "prompt": f"{i % 5}+2=",
-            "data": {"answer": str(i % 5 + 2)}, "group_size": GROUP,
-            "sampling": {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "max_tokens": 4,
-                         "seed": i}}) for i in range(TASKS)])
-
+        url = start_pipeline(settings, procs, tmp_path, ports)
         deadline = time.monotonic() + 120
         metrics_urls = [f"--metrics-url=http://127.0.0.1:{p}/metrics" for p in ports.values()]
         while True:
