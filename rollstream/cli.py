@@ -9,10 +9,13 @@ import producers.cli
 import rollstream.broker.cli
 import rollstream.controller
 import rollstream.demo
+import rollstream.dlq
 import rollstream.envs.cli
 import rollstream.policy.cli
 import rollstream.policy.scripted
 import rollstream.sandbox.cli
+import rollstream.stats
+import rollstream.status
 import rollstream.topics
 import stages.cli
 import trainer_bridge.cli
@@ -32,6 +35,9 @@ FEATURE_MODULES = [
     rollstream.envs.cli,
     rollstream.sandbox.cli,
     rollstream.demo,
+    rollstream.status,
+    rollstream.dlq,
+    rollstream.stats,
 ]
 
 

@@ -59,6 +59,11 @@ class Settings:
     health_interval_s: float = field(
         default=2.0, metadata={"help": "how often inference servers' health and load are read"}
     )
+    metrics_port: int = field(
+        default=0,
+        metadata={"help": "serve Prometheus metrics on this port at /metrics (long-running "
+                          "processes); 0: off"},
+    )
     tokenizer_path: str = field(
         default="",
         metadata={"help": "local Hugging Face tokenizer directory whose chat template RUN "

@@ -30,7 +30,7 @@ from typing import Any
 
 import aiohttp
 
-from rollstream import config
+from rollstream import config, metrics
 from rollstream.events import POLICY_VERSION
 from rollstream.vllm_middleware import VERSION_PATH
 
@@ -267,6 +267,7 @@ def _run(args: argparse.Namespace) -> int:
 
     config.log_to_stderr()
     settings = config.load_resolved(args)
+    metrics.serve(settings.metrics_port)
     controller = Controller(settings)
 
     async def main() -> None:

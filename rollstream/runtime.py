@@ -33,7 +33,7 @@ from typing import Any, ClassVar
 
 from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
-from rollstream import kafka
+from rollstream import kafka, metrics
 from rollstream.codec import DecodeError, codec
 from rollstream.config import Settings, Topics
 from rollstream.events import DEAD_LETTER
@@ -133,6 +133,7 @@ class StageRuntime:
         self.producer = kafka.producer(settings, kafka.process_id(settings, self.group))
         self.codec = codec()
         self.stats: Counter[str] = Counter()
+        self.metrics = metrics.for_stage(stage.name)
         self._async = inspect.iscoroutinefunction(stage.handle)
         record = stage.input_record
         self._decode: Callable[[bytes | None], Any] = (
@@ -188,6 +189,7 @@ class StageRuntime:
         if room is not None:
             free = min(free, room)
         self._apply_backpressure(free)
+        self.metrics.in_flight(len(self._tasks))
         if free <= 0:
             self.consumer.poll(0)  # keep the group session alive while paused
             return
@@ -225,6 +227,8 @@ class StageRuntime:
             progress.passed(offset)
             handled += 1
         self.stats["processed"] += handled
+        self.metrics.consumed(handled)
+        self.metrics.finished_batch(msgs)
 
     async def _wait(self) -> None:
         if self._tasks:
@@ -243,6 +247,7 @@ class StageRuntime:
         if resume:
             self.consumer.resume([TopicPartition(self.topic, p) for p in resume])
         self._paused = want
+        self.metrics.paused(len(want))
 
     def _accept(self, msg: Message) -> PartitionProgress | None:
         """The progress of the event's partition, or None when there is nothing to handle: a
@@ -310,6 +315,8 @@ class StageRuntime:
         for out in outputs:
             self._emit(out)
         self.stats["processed"] += 1
+        self.metrics.consumed()
+        self.metrics.finished(msg.timestamp()[1])
 
     def _emit(self, out: Output) -> None:
         if not self._in_txn:
@@ -325,11 +332,13 @@ class StageRuntime:
                                   -1 if out.partition is None else out.partition)
         except BufferError:  # local queue full: wait for room (backpressure)
             kafka.produce(self.producer, out.topic, value, out.key, out.partition)
+        self.metrics.produced(out.topic)
 
     def _send_dead_letter(self, msg: Message, reason: str) -> None:
         log.warning("stage %s: dead-letter %s[%d]@%d: %s", self.stage.name, msg.topic(),
                     msg.partition(), msg.offset(), reason)
         self.stats["dead_lettered"] += 1
+        self.metrics.dead_lettered()
         self._emit(dead_letter(self.settings.topics, self.stage.name, msg, reason))
 
     # -- transactions ------------------------------------------------------------------------
@@ -360,6 +369,7 @@ class StageRuntime:
             return
         offsets = [TopicPartition(self.topic, p, prog.watermark, metadata=prog.metadata())
                    for p, prog in dirty.items()]
+        started = time.monotonic()
         for attempt in range(5):
             try:
                 self._ensure_txn()
@@ -380,6 +390,7 @@ class StageRuntime:
                 time.sleep(0.2 * (attempt + 1))
         self._in_txn = False
         self.stats["commits"] += 1
+        self.metrics.committed(time.monotonic() - started)
         for prog in dirty.values():
             prog.dirty = False
 
@@ -388,6 +399,7 @@ class StageRuntime:
         if self._in_txn:
             self.producer.abort_transaction(60)
             self._in_txn = False
+            self.metrics.aborted()
         for task in self._tasks:
             task.cancel()
         self._tasks.clear()
@@ -409,6 +421,7 @@ class StageRuntime:
 
     def _on_assign(self, consumer: Any, partitions: list[TopicPartition]) -> None:
         log.info("stage %s: assigned %s", self.stage.name, [tp.partition for tp in partitions])
+        self.metrics.rebalanced("assigned")
         self._restore(partitions)
 
     def _on_revoke(self, consumer: Any, partitions: list[TopicPartition]) -> None:
@@ -416,6 +429,7 @@ class StageRuntime:
         if not parts:
             return
         log.info("stage %s: revoked %s", self.stage.name, sorted(parts))
+        self.metrics.rebalanced("revoked")
         # Their in-flight events go to the next owner; what finished is committed first.
         for task, (part, _) in list(self._tasks.items()):
             if part in parts:
@@ -429,6 +443,7 @@ class StageRuntime:
 
     def _on_lost(self, consumer: Any, partitions: list[TopicPartition]) -> None:
         log.warning("stage %s: lost %s", self.stage.name, [tp.partition for tp in partitions])
+        self.metrics.rebalanced("lost")
         lost = {tp.partition for tp in partitions}
         for p in lost:
             self._progress.pop(p, None)

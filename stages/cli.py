@@ -28,6 +28,7 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
 
 def run_stage(args: argparse.Namespace) -> int:
     # Here, not at start-up: RUN pulls in aiohttp and the chat templates.
+    from rollstream import metrics
     from rollstream.runtime import Stage, StageRuntime
     from stages.eval import EvalStage
     from stages.init import InitStage
@@ -35,6 +36,7 @@ def run_stage(args: argparse.Namespace) -> int:
 
     config.log_to_stderr()
     settings = config.load_resolved(args)
+    metrics.serve(settings.metrics_port)
     classes: dict[str, type[Stage]] = {"init": InitStage, "run": RunStage, "eval": EvalStage}
     stage = classes[args.name](settings)
     StageRuntime(stage, settings, drain_timeout_s=args.drain_timeout).run()

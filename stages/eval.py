@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import time
 
+from rollstream import metrics
 from rollstream.envs.base import termination_score
 from rollstream.envs.registry import UnknownEnv, get_env
 from rollstream.events import SCORED_TRAJECTORY, TRAJECTORY
@@ -31,6 +32,7 @@ class EvalStage(Stage):
         except UnknownEnv as exc:
             raise InvalidEvent(str(exc)) from exc
         score = termination_score(trajectory) or await env.evaluate(task, trajectory)
+        metrics.scored(task["env"], score.failure_class, score.reward)
         return [Output(self.topics.scored, trajectory["episode_id"], SCORED_TRAJECTORY, {
             "trajectory": trajectory,
             "reward": score.reward,

@@ -29,7 +29,7 @@ from typing import Protocol
 
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
-from rollstream import kafka
+from rollstream import kafka, metrics
 from rollstream.codec import codec, pack_ids, pack_logprobs, unpack_ids
 from rollstream.config import Settings
 from rollstream.envs.registry import UnknownEnv, get_env
@@ -262,5 +262,6 @@ class RunStage(Stage):
                 last = exc
                 if delay is None:
                     break
+                metrics.inference_retry(exc.server)
                 await asyncio.sleep(delay)
         raise InferenceUnavailable(f"inference failed {len(RETRY_DELAYS_S) + 1} times: {last}")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
-from rollstream import kafka
+from rollstream import kafka, metrics
 from rollstream.admission import CONSUMED
 from rollstream.codec import codec
 from rollstream.config import Settings
@@ -68,6 +68,7 @@ def train(settings: Settings, checkpoint_dir: Path, *, groups_per_batch: int = 4
                 event["metrics"][f"bridge_{key}"] = float(value)
             batch.ack([Output(settings.topics.policy, "policy", POLICY_VERSION, event)])
             bridge.current_version = event["version"]
+            metrics.trained(event["version"], batch.trainable, event["metrics"]["tokens"])
             steps += 1
             log.info("step %d: version %d, mean reward %.3f, loss %.4f", steps, event["version"],
                      event["metrics"]["mean_reward"], event["metrics"]["loss"])
