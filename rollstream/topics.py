@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import time
 from typing import Any
 
 from rollstream.graph import GRAPH, MAX_MESSAGE_BYTES, Topic, Topics, partition_count
@@ -55,12 +56,32 @@ def create_topics(
                 raise
         else:
             created.append(name)
-    _check_copartitioned(admin, topics, timeout)
+    meta = _wait_visible(admin, [spec.name(topics) for spec in TOPIC_SPECS], timeout)
+    _check_copartitioned(meta, topics)
     return sorted(created)
 
 
-def _check_copartitioned(admin: Any, topics: Topics, timeout: float) -> None:
-    meta = admin.list_topics(timeout=timeout).topics
+def _wait_visible(admin: Any, names: list[str], timeout: float) -> dict[str, Any]:
+    """The brokers' metadata once every topic in names has a leader for each partition.
+
+    CreateTopics returns when the controller has the topics; a busy broker can serve metadata
+    without them a little longer, and a producer that looks then finds no topic."""
+    deadline = time.monotonic() + timeout
+    while True:
+        meta = admin.list_topics(timeout=timeout).topics
+        missing = [
+            n for n in names
+            if n not in meta or meta[n].error is not None
+            or any(p.leader < 0 for p in meta[n].partitions.values())
+        ]
+        if not missing:
+            return meta
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"topics not visible after {timeout:.0f} s: {missing}")
+        time.sleep(0.1)
+
+
+def _check_copartitioned(meta: dict[str, Any], topics: Topics) -> None:
     counts = {
         name: len(meta[name].partitions)
         for name in (topics.episodes, topics.episode_state)
