@@ -110,10 +110,11 @@ def dead_letter(topics: Topics, stage: str, msg: Message, reason: str,
         key = key.encode()
     size = len(key) + len(value or b"")
     truncated_from = None
-    if limit is not None and size > limit - DEAD_LETTER_ROOM:
+    # The key travels twice: as the record's key and in its field.
+    if limit is not None and size + len(key) > limit - DEAD_LETTER_ROOM:
         truncated_from = size
         room = max(limit - DEAD_LETTER_ROOM, 0)
-        key = key[: min(len(key), room // 4)]  # the key travels twice: record key and field
+        key = key[: min(len(key), room // 4)]
         value = None if value is None else value[: room - 2 * len(key)]
         reason = f"{reason} [key and value truncated from {size} bytes]"
     return Output(topics.dlq, key, "DeadLetter", {
