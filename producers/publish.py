@@ -116,7 +116,7 @@ def _field_paths(schema: dict, named: dict[str, Any], path: str = "") -> dict[st
     paths = {schema["name"]: path}
     for f in schema["fields"]:
         if _record_fields(f["type"], named) is not None:
-            inner = named.get(f["type"], f["type"])
+            inner = named.get(f["type"], f["type"]) if isinstance(f["type"], str) else f["type"]
             paths.update(_field_paths(inner, named, f"{path}{f['name']}."))
     return paths
 

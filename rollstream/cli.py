@@ -7,6 +7,7 @@ import sys
 
 import producers.cli
 import rollstream.broker.cli
+import rollstream.contracts
 import rollstream.controller
 import rollstream.demo
 import rollstream.dlq
@@ -26,6 +27,7 @@ import trainer_bridge.cli
 FEATURE_MODULES = [
     rollstream.broker.cli,
     rollstream.topics,
+    rollstream.contracts,
     stages.cli,
     trainer_bridge.cli,
     rollstream.policy.cli,
