@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import json
 import os
 import shutil
@@ -45,6 +46,7 @@ from rollstream.envs.swe.instance import SweInstance
 from rollstream.sandbox import ExecResult, SandboxError
 from rollstream.sandbox.capture import HeadTail
 
+PR_SET_PDEATHSIG = 1  # prctl option (linux/prctl.h)
 OUTPUT_TAIL_BYTES = 4000  # of the harness's own output, kept for the record
 # The variables a harness inherits from RUN's environment; the rest it is given explicitly.
 INHERITED_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "TMPDIR")
@@ -177,7 +179,7 @@ class HarnessEnv(SweEnv):
             proc = await asyncio.create_subprocess_exec(
                 "bash", "-c", spec.command, cwd=workdir, env=env,
                 stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT, start_new_session=True)
+                stderr=asyncio.subprocess.STDOUT, preexec_fn=_own_group_dying_with_run)
             reader = asyncio.create_task(_drain(proc, output))
             stopped = asyncio.create_task(stop.wait())
             exited = asyncio.create_task(proc.wait())
@@ -229,6 +231,15 @@ async def _drain(proc: asyncio.subprocess.Process, output: HeadTail) -> None:
     assert proc.stdout is not None
     while chunk := await proc.stdout.read(65536):
         output.feed(chunk)
+
+
+def _own_group_dying_with_run() -> None:
+    """In the child before exec: its own process group (killed whole when the episode ends),
+    and SIGKILL when RUN dies (a RUN killed mid-episode must not leave its harness calling a
+    gateway that is gone; the episode restarts in the process that takes it over)."""
+    os.setsid()
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def _kill_group(pid: int) -> None:
