@@ -69,6 +69,11 @@ class Settings:
         metadata={"help": "local Hugging Face tokenizer directory whose chat template RUN "
                           "renders (empty: the embedded policy's template)"},
     )
+    gateway_port: int = field(
+        default=0,
+        metadata={"help": "port of RUN's OpenAI-compatible gateway for harness episodes, on "
+                          "127.0.0.1 (0: a free port)"},
+    )
 
     @cached_property
     def topics(self) -> Topics:

@@ -25,19 +25,23 @@ import json
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
 from rollstream import kafka, metrics
 from rollstream.codec import codec, pack_ids, pack_logprobs, unpack_ids
 from rollstream.config import Settings
+from rollstream.envs.harness import HarnessEnv
 from rollstream.envs.registry import UnknownEnv, get_env
 from rollstream.events import EPISODE, TRAJECTORY
 from rollstream.inference import Completion, ContextOverflow, ServerError
 from rollstream.policy.chat import EmbeddedChatTemplate
 from rollstream.routing import Router
 from rollstream.runtime import EventContext, InvalidEvent, Output, Stage
+
+if TYPE_CHECKING:
+    from rollstream.gateway.server import Gateway
 
 log = logging.getLogger("rollstream.run")
 
@@ -93,6 +97,7 @@ class RunStage(Stage):
         self.router: Router | None = None
         # Checkpoints of unfinished episodes, by input partition, then episode id.
         self.checkpoints: dict[int, dict[str, dict]] = {}
+        self.gateway: Gateway | None = None  # started by the first harness episode
 
     @staticmethod
     def _template(settings: Settings) -> ChatTemplate:
@@ -115,6 +120,15 @@ class RunStage(Stage):
     async def close(self) -> None:
         if self.router is not None:
             await self.router.close()
+        if self.gateway is not None:
+            await self.gateway.close()
+
+    def _gateway(self) -> Gateway:
+        if self.gateway is None:
+            from rollstream.gateway.server import Gateway  # it reuses this module's turn code
+
+            self.gateway = Gateway(self, port=self.settings.gateway_port)
+        return self.gateway
 
     def capacity(self) -> int | None:
         return self.router.capacity() if self.router is not None else 0
@@ -173,7 +187,10 @@ class RunStage(Stage):
             else:
                 log.info("resuming %s at turn %d", episode_id, len(turns))
             try:
-                await self._play(env, trajectory, ctx)
+                if isinstance(env, HarnessEnv):  # the harness plays, through the gateway
+                    await self._gateway().play(env, trajectory, ctx)
+                else:
+                    await self._play(env, trajectory, ctx)
             finally:
                 # Also on cancellation (partition revoked): the next owner re-creates what it
                 # needs.
