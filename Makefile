@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv deps test demo bench lint broker-start broker-stop broker-status
+.PHONY: venv deps harness-deps test demo bench lint broker-start broker-stop broker-status
 
 venv: $(STAMP)
 
@@ -25,6 +25,17 @@ deps: venv
 		fi; \
 	fi
 	$(BIN)/rollstream broker fetch
+	$(MAKE) harness-deps
+
+# mini-swe-agent, the harness the gateway is proven with, in a virtualenv of its own: a harness
+# is a separate program with its own dependencies. Versions pinned, litellm included.
+HARNESS_VENV ?= .rollstream/harness-venv
+HARNESS_STAMP := $(HARNESS_VENV)/.installed
+harness-deps: $(HARNESS_STAMP)
+$(HARNESS_STAMP):
+	test -x $(HARNESS_VENV)/bin/python || $(PYTHON) -m venv $(HARNESS_VENV)
+	$(HARNESS_VENV)/bin/pip install -q mini-swe-agent==2.4.6 litellm==1.110.2
+	touch $@
 
 test: venv deps
 	$(BIN)/python -m pytest -q
@@ -37,6 +48,7 @@ bench: venv deps
 
 lint: venv
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports --no-logo
 
 broker-start: venv deps
 	$(BIN)/rollstream broker start

@@ -19,6 +19,7 @@ from rollstream.codec import codec
 from rollstream.config import Settings
 from rollstream.envs.registry import UnknownEnv, get_env
 from rollstream.envs.swe import sources as swe_sources
+from rollstream.events import TASK
 from rollstream.kafka import process_id, produce, producer
 
 
@@ -159,7 +160,7 @@ def _check_env(name: str, known: set[str]) -> None:
 
 def validate_task(item: dict[str, Any], known_envs: set[str] | None = None) -> dict[str, Any]:
     """A complete Task (defaults filled, data as a JSON string); ValueError names the bad field."""
-    schema = codec().schemas["Task"]
+    schema = codec().schemas[TASK]
     task = _fill_defaults(schema["fields"], schema["__named_schemas"], item)
     if "data" in item:
         task["data"] = _normalize_data(item["data"])
@@ -201,7 +202,7 @@ def publish(settings: Settings, tasks: list[dict[str, Any]]) -> int:
     topic = settings.topics.tasks
     now_ms = int(time.time() * 1000)
     values = [
-        codec().encode("Task", {**t, "created_at_ms": t["created_at_ms"] or now_ms}) for t in tasks
+        codec().encode(TASK, {**t, "created_at_ms": t["created_at_ms"] or now_ms}) for t in tasks
     ]
     p = producer(settings, process_id(settings, "publish"))
     # The topic must exist, or the send would only fail at commit, after a delivery timeout.

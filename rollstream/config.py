@@ -14,40 +14,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-
-@dataclass(frozen=True)
-class Topics:
-    """The topic graph, all names under one prefix."""
-
-    prefix: str = "rollstream"
-
-    @cached_property
-    def tasks(self) -> str:
-        return f"{self.prefix}.tasks"
-
-    @cached_property
-    def episodes(self) -> str:
-        return f"{self.prefix}.episodes"
-
-    @cached_property
-    def episode_state(self) -> str:
-        return f"{self.prefix}.episode-state"
-
-    @cached_property
-    def trajectories(self) -> str:
-        return f"{self.prefix}.trajectories"
-
-    @cached_property
-    def scored(self) -> str:
-        return f"{self.prefix}.scored"
-
-    @cached_property
-    def policy(self) -> str:
-        return f"{self.prefix}.policy"
-
-    @cached_property
-    def dlq(self) -> str:
-        return f"{self.prefix}.dlq"
+from rollstream.graph import Topics
 
 
 @dataclass(frozen=True)
@@ -92,10 +59,20 @@ class Settings:
     health_interval_s: float = field(
         default=2.0, metadata={"help": "how often inference servers' health and load are read"}
     )
+    metrics_port: int = field(
+        default=0,
+        metadata={"help": "serve Prometheus metrics on this port at /metrics (long-running "
+                          "processes); 0: off"},
+    )
     tokenizer_path: str = field(
         default="",
         metadata={"help": "local Hugging Face tokenizer directory whose chat template RUN "
                           "renders (empty: the embedded policy's template)"},
+    )
+    gateway_port: int = field(
+        default=0,
+        metadata={"help": "port of RUN's OpenAI-compatible gateway for harness episodes, on "
+                          "127.0.0.1 (0: a free port)"},
     )
 
     @cached_property

@@ -30,7 +30,8 @@ from typing import Any
 
 import aiohttp
 
-from rollstream import config
+from rollstream import config, metrics
+from rollstream.events import POLICY_VERSION
 from rollstream.vllm_middleware import VERSION_PATH
 
 log = logging.getLogger("rollstream.controller")
@@ -218,7 +219,7 @@ class Controller:
                         if msg.error() is not None:
                             continue
                         try:
-                            event = codec().decode_as("PolicyVersion", msg.value())
+                            event = codec().decode_as(POLICY_VERSION, msg.value())
                         except DecodeError as exc:
                             log.warning("skipping an undecodable policy event: %s", exc)
                             continue
@@ -266,6 +267,7 @@ def _run(args: argparse.Namespace) -> int:
 
     config.log_to_stderr()
     settings = config.load_resolved(args)
+    metrics.serve(settings.metrics_port)
     controller = Controller(settings)
 
     async def main() -> None:

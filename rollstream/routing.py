@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rollstream import metrics
 from rollstream.controller import lora_version
 from rollstream.inference import Completion, InferenceClient, InferenceError, ServerError
 
@@ -134,6 +135,7 @@ class Router:
         if old is not None:
             old.episodes -= 1
             self.migrations += 1
+            metrics.migrated(old.url)
             log.info("episode %s moves from %s to %s", episode_id, old.url, server.url)
         self.pins[episode_id] = server
         server.episodes += 1
@@ -156,11 +158,13 @@ class Router:
                 prompt_ids, sampling, stop_token_ids, model=lora[0] if lora else None)
         except ServerError as exc:
             self._failed(server, exc)
+            metrics.inference_request(server.url, ok=False)
             raise
         finally:
             server.in_flight -= 1
         server.failures = 0
         server.healthy = True
+        metrics.inference_request(server.url, ok=True)
         if completion.policy_version is not None:
             server.stamps_versions = True
         elif lora is not None:
@@ -224,3 +228,4 @@ class Router:
         adapters = [(lora_version(str(m.get("id", ""))), str(m.get("id"))) for m in models]
         newest = max(((v, name) for v, name in adapters if v is not None), default=None)
         server.lora = (newest[1], newest[0]) if newest else None
+        metrics.server_probed(server)

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import time
 
+from rollstream.admission import AdmissionGate
 from rollstream.config import Settings
 from rollstream.envs.base import InvalidTask
 from rollstream.envs.registry import UnknownEnv, get_env
+from rollstream.events import EPISODE, TASK
 from rollstream.runtime import EventContext, InvalidEvent, Output, Stage
-from stages.admission import AdmissionGate
 
 
 def episode_id(task_id: str, sample_index: int) -> str:
@@ -18,7 +19,7 @@ def episode_id(task_id: str, sample_index: int) -> str:
 
 class InitStage(Stage):
     name = "init"
-    input_record = "Task"
+    input_record = TASK
 
     def __init__(self, settings: Settings) -> None:
         super().__init__(settings)
@@ -48,7 +49,7 @@ class InitStage(Stage):
             self.gate.admit()
         now = int(time.time() * 1000)
         return [
-            Output(self.topics.episodes, episode_id(task["task_id"], i), "Episode", {
+            Output(self.topics.episodes, episode_id(task["task_id"], i), EPISODE, {
                 "episode_id": episode_id(task["task_id"], i),
                 "task": task,
                 "sample_index": i,

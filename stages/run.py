@@ -25,18 +25,23 @@ import json
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
-from rollstream import kafka
+from rollstream import kafka, metrics
 from rollstream.codec import codec, pack_ids, pack_logprobs, unpack_ids
 from rollstream.config import Settings
+from rollstream.envs.harness import HarnessEnv
 from rollstream.envs.registry import UnknownEnv, get_env
+from rollstream.events import EPISODE, TRAJECTORY
 from rollstream.inference import Completion, ContextOverflow, ServerError
 from rollstream.policy.chat import EmbeddedChatTemplate
 from rollstream.routing import Router
 from rollstream.runtime import EventContext, InvalidEvent, Output, Stage
+
+if TYPE_CHECKING:
+    from rollstream.gateway.server import Gateway
 
 log = logging.getLogger("rollstream.run")
 
@@ -84,7 +89,7 @@ def sample_ids(turns: list[dict]) -> list[int]:
 
 class RunStage(Stage):
     name = "run"
-    input_record = "Episode"
+    input_record = EPISODE
 
     def __init__(self, settings: Settings, template: ChatTemplate | None = None) -> None:
         super().__init__(settings)
@@ -92,6 +97,7 @@ class RunStage(Stage):
         self.router: Router | None = None
         # Checkpoints of unfinished episodes, by input partition, then episode id.
         self.checkpoints: dict[int, dict[str, dict]] = {}
+        self.gateway: Gateway | None = None  # started by the first harness episode
 
     @staticmethod
     def _template(settings: Settings) -> ChatTemplate:
@@ -114,6 +120,15 @@ class RunStage(Stage):
     async def close(self) -> None:
         if self.router is not None:
             await self.router.close()
+        if self.gateway is not None:
+            await self.gateway.close()
+
+    def _gateway(self) -> Gateway:
+        if self.gateway is None:
+            from rollstream.gateway.server import Gateway  # it reuses this module's turn code
+
+            self.gateway = Gateway(self, port=self.settings.gateway_port)
+        return self.gateway
 
     def capacity(self) -> int | None:
         return self.router.capacity() if self.router is not None else 0
@@ -130,7 +145,7 @@ class RunStage(Stage):
             if msg.value() is None:
                 self.checkpoints[msg.partition()].pop(episode, None)
             else:
-                self.checkpoints[msg.partition()][episode] = c.decode_as("Trajectory", msg.value())
+                self.checkpoints[msg.partition()][episode] = c.decode_as(TRAJECTORY, msg.value())
 
     def on_revoke(self, partitions: list[int]) -> None:
         for p in partitions:
@@ -138,7 +153,7 @@ class RunStage(Stage):
 
     def _checkpoint(self, ctx: EventContext, trajectory: dict | None, episode_id: str) -> None:
         ctx.emit(Output(self.topics.episode_state, episode_id,
-                        None if trajectory is None else "Trajectory", trajectory,
+                        None if trajectory is None else TRAJECTORY, trajectory,
                         partition=ctx.partition))
 
     # -- the episode -------------------------------------------------------------------------
@@ -172,7 +187,10 @@ class RunStage(Stage):
             else:
                 log.info("resuming %s at turn %d", episode_id, len(turns))
             try:
-                await self._play(env, trajectory, ctx)
+                if isinstance(env, HarnessEnv):  # the harness plays, through the gateway
+                    await self._gateway().play(env, trajectory, ctx)
+                else:
+                    await self._play(env, trajectory, ctx)
             finally:
                 # Also on cancellation (partition revoked): the next owner re-creates what it
                 # needs.
@@ -181,7 +199,7 @@ class RunStage(Stage):
             self.router.release(episode_id)
         trajectory["finished_at_ms"] = now_ms()
         self._checkpoint(ctx, None, episode_id)  # done: drop the checkpoint
-        return [Output(self.topics.trajectories, episode_id, "Trajectory", trajectory)]
+        return [Output(self.topics.trajectories, episode_id, TRAJECTORY, trajectory)]
 
     async def _play(self, env, trajectory: dict, ctx: EventContext) -> None:
         task = trajectory["task"]
@@ -261,5 +279,6 @@ class RunStage(Stage):
                 last = exc
                 if delay is None:
                     break
+                metrics.inference_retry(exc.server)
                 await asyncio.sleep(delay)
         raise InferenceUnavailable(f"inference failed {len(RETRY_DELAYS_S) + 1} times: {last}")

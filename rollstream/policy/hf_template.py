@@ -99,8 +99,10 @@ class HFChatTemplate:
 
     # -- text and ids ------------------------------------------------------------------------
 
-    def render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool) -> str:
-        return self.template.render(messages=list(messages),
+    def render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool,
+               tools: Sequence[Mapping[str, Any]] | None = None) -> str:
+        """`tools`: function definitions, passed as transformers passes them (the gateway)."""
+        return self.template.render(messages=list(messages), tools=tools,
                                     add_generation_prompt=add_generation_prompt,
                                     **self.special, **self.template_kwargs)
 

@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from rollstream import metrics
 from rollstream.sandbox.capture import HeadTail
 from rollstream.sandbox.leases import Lease
 
@@ -102,6 +103,7 @@ class Sandbox(ABC):
         self.id = sandbox_id
         self.spec = spec
         self.closed = False
+        metrics.track_sandbox(self)
 
     @property
     def workdir(self) -> str:
