@@ -8,6 +8,7 @@ import statistics
 from pathlib import Path
 
 from rollstream import config
+from rollstream.broker import with_broker
 
 
 def register_cli(sub: argparse._SubParsersAction) -> None:
@@ -74,7 +75,7 @@ def run_train(args: argparse.Namespace) -> int:
     from trainer_bridge.trainer import GRPOConfig
 
     config.log_to_stderr()
-    settings = config.load_resolved(args)
+    settings = with_broker(config.load(args))
     policy = GroupPolicy(normalize_std=not args.dr_grpo, max_staleness=args.max_staleness,
                          group_timeout_s=args.group_timeout, incomplete=args.incomplete,
                          drop_zero_variance=not args.keep_zero_variance)
@@ -89,7 +90,7 @@ def run_train(args: argparse.Namespace) -> int:
 def run_bridge(args: argparse.Namespace) -> int:
     from trainer_bridge.bridge import TrainerBridge
 
-    settings = config.load_resolved(args)
+    settings = with_broker(config.load(args))
     with TrainerBridge(settings, groups_per_batch=args.groups_per_batch) as bridge:
         for batch in bridge.batches(args.max_batches, args.idle_timeout):
             print(json.dumps(batch_summary(batch)), flush=True)
