@@ -150,15 +150,6 @@ def load(args: argparse.Namespace | None = None, **overrides: Any) -> Settings:
     return replace(settings, **values)
 
 
-def load_resolved(args: argparse.Namespace) -> Settings:
-    """Settings for a command that talks to Kafka: the broker address resolved (the bundled
-    broker is started when nothing is configured)."""
-    from rollstream.broker.local import resolve_bootstrap
-
-    settings = load(args)
-    return replace(settings, bootstrap_servers=resolve_bootstrap(settings.bootstrap_servers))
-
-
 def log_to_stderr() -> None:
     """The log format of every long-running Rollstream process."""
     import logging

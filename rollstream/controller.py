@@ -31,6 +31,7 @@ from typing import Any
 import aiohttp
 
 from rollstream import config, metrics
+from rollstream.broker import with_broker
 from rollstream.events import POLICY_VERSION
 from rollstream.vllm_middleware import VERSION_PATH
 
@@ -266,7 +267,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
     config.log_to_stderr()
-    settings = config.load_resolved(args)
+    settings = with_broker(config.load(args))
     metrics.serve(settings.metrics_port)
     controller = Controller(settings)
 

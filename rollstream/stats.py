@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from rollstream import config
+from rollstream.broker import with_broker
 from rollstream.codec import DecodeError, codec, unpack_ids
 from rollstream.config import Settings
 from rollstream.events import DEAD_LETTER, POLICY_VERSION, SCORED_TRAJECTORY, TRAJECTORY
@@ -255,7 +256,7 @@ def run(args: argparse.Namespace) -> int:
     import faust
     from confluent_kafka.admin import AdminClient
 
-    settings = config.load_resolved(args)
+    settings = with_broker(config.load(args))
     scored = settings.topics.scored
     meta = AdminClient(settings.kafka()).list_topics(scored, timeout=30).topics.get(scored)
     if meta is None or meta.error is not None:

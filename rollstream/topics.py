@@ -149,9 +149,10 @@ def describe_topics(bootstrap: str, prefix: str = "rollstream", timeout: float =
 
 
 def _settings(args: argparse.Namespace) -> tuple[Any, str]:
-    from rollstream.config import load_resolved
+    from rollstream.broker import with_broker
+    from rollstream.config import load
 
-    settings = load_resolved(args)
+    settings = with_broker(load(args))
     return settings, settings.bootstrap_servers
 
 

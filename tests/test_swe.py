@@ -37,15 +37,16 @@ def shipped(slug: str | None = None) -> list[dict]:
 
 
 async def play(task: dict, completions: list[str], env: SweEnv | None = None,
-               state: dict | None = None) -> tuple[Score, list[str | None], dict]:
+               state: dict | None = None, step_tasks: dict[int, dict] | None = None,
+               ) -> tuple[Score, list[str | None], dict]:
     """Run completions through the env as RUN would; returns EVAL's score, the observations
-    and the final state."""
+    and the final state. `step_tasks` gives some steps (by index) a task of their own."""
     env = env or SweEnv()
     state = state if state is not None else await env.reset(task)
     observations = []
     try:
-        for text in completions:
-            result = await env.step(task, state, text)
+        for i, text in enumerate(completions):
+            result = await env.step((step_tasks or {}).get(i, task), state, text)
             state = result.state
             observations.append(result.observation)
             if result.done:
@@ -139,9 +140,15 @@ def test_scaffold_answers_every_kind_of_bad_call_and_keeps_going(sandbox_root: P
         call("bash", command="python -m pytest -q -p no:cacheprovider"),
         call("submit"),
     ]
-    task = {**task, "data": {**json.loads(task["data"]), "scaffold": {
-        "command_timeout_s": 1, "max_observation_chars": 2000}}}
-    score, obs, state = asyncio.run(play(task, completions))
+    def with_scaffold(timeout_s: float) -> dict:
+        return {**task, "data": {**json.loads(task["data"]), "scaffold": {
+            "command_timeout_s": timeout_s, "max_observation_chars": 2000}}}
+
+    # Only the `sleep 30` step runs under a 1 s command timeout: the others (pytest among them)
+    # get a bound no busy machine reaches, so the test does not depend on an idle CPU.
+    sleep_step = completions.index(call("bash", command="sleep 30"))
+    score, obs, state = asyncio.run(play(with_scaffold(120), completions,
+                                         step_tasks={sleep_step: with_scaffold(1)}))
     expected = [
         "No tool call found", "could not read the tool call: invalid JSON",
         "unknown tool 'rm_rf'", "/testbed/tests/test_wordwrap.py", "Lines 4-6",
