@@ -49,6 +49,7 @@ bench: venv deps
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports --no-logo
+	$(BIN)/rollstream schemas check
 
 broker-start: venv deps
 	$(BIN)/rollstream broker start

@@ -1,5 +1,6 @@
 """Keys land on the partition Kafka's Java producer would choose (murmur2), so topics can be
-joined with a Java or Kafka Streams client: checked against the Java client's own code."""
+joined with a Java or Kafka Streams client: checked against the Java client's own code. And
+every produced record names its type in its headers."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ from pathlib import Path
 import pytest
 from confluent_kafka import TopicPartition
 
+from producers.publish import validate_task
 from rollstream import kafka
 from rollstream.broker import local
+from rollstream.codec import codec
 from rollstream.config import Settings
 
 # The Java producer's own partitioning of a keyed record (the default partitioner).
@@ -59,3 +62,17 @@ def test_keys_land_where_the_java_producer_puts_them(settings: Settings, tmp_pat
     expected = java_partitions(keys, settings.partitions, tmp_path)
     assert placed == expected
     assert len(set(placed.values())) == settings.partitions  # spread, not all on one
+
+
+def test_produced_records_carry_their_record_type_and_fingerprint(settings: Settings) -> None:
+    task = validate_task({"task_id": "h-1", "env": "arithmetic", "prompt": "1+1=",
+                          "data": {"answer": "2"}, "group_size": 1})
+    value = codec().encode("Task", task)
+    producer = kafka.producer(settings)
+    kafka.produce(producer, settings.topics.tasks, value, key="h-1")
+    assert producer.flush(30) == 0
+    [msg] = kafka.read_partitions(
+        settings, [TopicPartition(settings.topics.tasks, p, 0) for p in range(settings.partitions)])
+    # Readable without knowing the framing: what kcat -f '%h' shows.
+    assert dict(msg.headers()) == {"rollstream.record": b"rollstream.Task",
+                                   "rollstream.fingerprint": value[2:10].hex().encode()}
