@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv deps test demo bench lint broker-start broker-stop broker-status
+.PHONY: venv deps test demo bench lint broker-start broker-stop broker-status images
 
 venv: $(STAMP)
 
@@ -25,6 +25,20 @@ deps: venv
 		fi; \
 	fi
 	$(BIN)/rollstream broker fetch
+	@if ! command -v prometheus >/dev/null 2>&1; then \
+		if [ "$$(id -u)" = 0 ]; then \
+			apt-get update -qq && apt-get install -y -qq prometheus \
+				|| echo "warning: could not install prometheus; its test is skipped"; \
+		else \
+			echo "note: prometheus is missing; install it as root for the metrics test"; \
+		fi; \
+	fi
+
+# Local images for docker-compose.local.yml (no registry needed): Kafka from the bundled
+# broker's jars and Prometheus from Debian's package, on the Debian base image.
+images: deps
+	docker build -t rollstream/kafka:local -f deploy/kafka/Dockerfile .
+	docker build -t rollstream/prometheus:local -f deploy/prometheus/Dockerfile .
 
 test: venv deps
 	$(BIN)/python -m pytest -q
