@@ -60,7 +60,7 @@ def test_prometheus_scrapes_every_process_of_a_pipeline(settings: Settings,
         while True:
             procs.check_alive()
             up = query(base, "up")
-            rate = query(base, "sum(rate(rollstream_episodes_total[10s]))")
+            rate = query(base, "sum(rate(rollstream_episodes_total[1m]))")
             lag = query(base, "rollstream_stage_lag_events")
             if (len(up) == len(ports) and all(r["value"][1] == "1" for r in up)
                     and rate and float(rate[0]["value"][1]) > 0 and len(lag) == 4):
