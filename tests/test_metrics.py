@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 import urllib.request
 from pathlib import Path
@@ -91,3 +92,26 @@ def test_domain_metrics_count_scores_and_staleness() -> None:
                   failure_class="infra") == before_infra + 1
     assert sample("rollstream_reward_count", env="envx") == before_ok + 1  # infra: no reward
     assert sample("rollstream_reward_sum", env="envx") >= 0.75
+
+
+def test_sandboxes_alive_counts_created_and_not_destroyed() -> None:
+    from prometheus_client import REGISTRY
+
+    from rollstream.sandbox.base import Sandbox, SandboxSpec
+
+    class Workspace(Sandbox):  # the smallest real Sandbox: destroy() is all that matters here
+        backend = "test"
+
+        async def _run(self, *args: object) -> tuple[int, bool]:
+            return 0, False
+
+        async def write_files(self, files: object) -> None: ...
+
+        async def destroy(self) -> None:
+            self.closed = True
+
+    before = REGISTRY.get_sample_value("rollstream_sandboxes_alive")
+    boxes = [Workspace(f"s{i}", SandboxSpec()) for i in range(3)]
+    assert REGISTRY.get_sample_value("rollstream_sandboxes_alive") == before + 3
+    asyncio.run(boxes[0].destroy())
+    assert REGISTRY.get_sample_value("rollstream_sandboxes_alive") == before + 2
