@@ -34,9 +34,16 @@ deps: venv
 		fi; \
 	fi
 
-# Local images for docker-compose.local.yml (no registry needed): Kafka from the bundled
-# broker's jars and Prometheus from Debian's package, on the Debian base image.
+# Local images for docker-compose.local.yml, built with no registry or package mirror reachable
+# from the build: Kafka from the bundled broker's jars on the Java runtime the broker runs on
+# here, and Prometheus from Debian's package installed by `make deps`, on the local Debian
+# base image (rollstream/base:bookworm). Both are staged under .rollstream/images first.
 images: deps
+	rm -rf .rollstream/images && mkdir -p .rollstream/images
+	mkdir -p .rollstream/images/jre && tar -C "$$(dirname "$$(dirname "$$(readlink -f \
+		"$$(command -v java)")")")" -chf - --exclude=./jmods --exclude=./include \
+		--exclude=./docs --exclude=./lib/src.zip . | tar -C .rollstream/images/jre -xf -
+	cp "$$(command -v prometheus)" .rollstream/images/prometheus
 	docker build -t rollstream/kafka:local -f deploy/kafka/Dockerfile .
 	docker build -t rollstream/prometheus:local -f deploy/prometheus/Dockerfile .
 
