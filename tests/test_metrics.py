@@ -66,7 +66,8 @@ def test_a_stage_serves_what_it_processed(settings: Settings, tmp_path: Path) ->
     assert value(samples, "rollstream_events_produced_total", stage="init",
                  topic=settings.topics.dlq) == 2
     assert value(samples, "rollstream_events_dead_lettered_total", stage="init") == 2
-    assert value(samples, "rollstream_event_latency_seconds_count", stage="init") == 22
+    # A sample of each batch (a sync stage): at least one event, never more than there were.
+    assert 1 <= value(samples, "rollstream_event_latency_seconds_count", stage="init") <= 22
     assert value(samples, "rollstream_rebalances_total", stage="init", kind="assigned") >= 1
     assert value(samples, "rollstream_transaction_aborts_total", stage="init") == 0
     assert value(samples, "rollstream_paused_partitions", stage="init") == 0
