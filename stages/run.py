@@ -11,7 +11,9 @@ Inference goes through rollstream.routing.Router: an episode stays on one server
 new episodes go to the least-loaded healthy server, and when every server is at its cap RUN
 takes no new episodes (`capacity`, which the runtime checks before consuming). A failed call
 (timeout, refused, 5xx) is retried with backoff within RETRY_DELAYS_S, on another server when
-its own is down; past the budget the episode ends as INFRA_ERROR, never as a reward.
+its own is down; past the budget the episode ends as INFRA_ERROR, never as a reward. A server
+inside a weight update (paused, or answering without a version) is waited for instead, for up
+to UPDATE_WINDOW_S, without spending that budget.
 
 After every turn the unfinished trajectory is written to <p>.episode-state (keyed by episode
 id, co-partitioned with <p>.episodes); a RUN process that takes over a partition reads those
@@ -33,7 +35,7 @@ from rollstream import kafka
 from rollstream.codec import codec, pack_ids, pack_logprobs, unpack_ids
 from rollstream.config import Settings
 from rollstream.envs.registry import UnknownEnv, get_env
-from rollstream.inference import Completion, ContextOverflow, ServerError
+from rollstream.inference import Completion, ContextOverflow, ServerError, ServerUpdating
 from rollstream.policy.chat import EmbeddedChatTemplate
 from rollstream.routing import Router
 from rollstream.runtime import EventContext, InvalidEvent, Output, Stage
@@ -41,6 +43,10 @@ from rollstream.runtime import EventContext, InvalidEvent, Output, Stage
 log = logging.getLogger("rollstream.run")
 
 RETRY_DELAYS_S = (0.5, 1.0, 2.0, 4.0)  # the retry budget for a failing inference call
+# How long a turn waits out a weight update (a paused server's 503, a response without a
+# version) before that, too, counts as an infra failure; polled every UPDATE_POLL_S.
+UPDATE_WINDOW_S = 900.0
+UPDATE_POLL_S = 0.5
 
 
 def now_ms() -> int:
@@ -253,12 +259,21 @@ class RunStage(Stage):
             sampling["seed"] = sampling["seed"] + 1000 * trajectory["sample_index"] + turn
         assert self.router is not None
         last: Exception | None = None
-        for delay in (*RETRY_DELAYS_S, None):
+        delays = iter(RETRY_DELAYS_S)
+        window_ends = time.monotonic() + UPDATE_WINDOW_S
+        while True:
             try:
                 return await self.router.complete(trajectory["episode_id"], prompt_ids,
                                                   sampling, self.template.stop_token_ids)
+            except ServerUpdating as exc:
+                # A weight update is not a failure: wait it out without spending the budget.
+                last = exc
+                if time.monotonic() >= window_ends:
+                    break
+                await asyncio.sleep(UPDATE_POLL_S)
             except ServerError as exc:
                 last = exc
+                delay = next(delays, None)
                 if delay is None:
                     break
                 await asyncio.sleep(delay)
