@@ -97,6 +97,16 @@ class Settings:
         metadata={"help": "local Hugging Face tokenizer directory whose chat template RUN "
                           "renders (empty: the embedded policy's template)"},
     )
+    chat_template: str = field(
+        default="",
+        metadata={"help": "a Jinja chat template file used instead of the tokenizer's (e.g. "
+                          "one that keeps earlier reasoning: rollstream/policy/templates/)"},
+    )
+    chat_template_kwargs: str = field(
+        default="",
+        metadata={"help": 'JSON object passed to the chat template, e.g. '
+                          '\'{"enable_thinking": false}\''},
+    )
 
     @cached_property
     def topics(self) -> Topics:

@@ -62,20 +62,42 @@ class ChatTemplate(Protocol):
 
     stop_token_ids: list[int]
 
-    def first_prompt(self, user_text: str) -> list[int]: ...
-
     def next_prompt(self, sample_ids: Sequence[int],
                     messages: Sequence[Mapping[str, str]]) -> tuple[list[int], bool]: ...
 
+    def decode(self, ids: Sequence[int]) -> str: ...
 
-def conversation(task: dict, turns: list[dict]) -> list[dict[str, str]]:
-    """The episode as chat messages: the task prompt, then each completion and observation."""
-    messages = [{"role": "user", "content": task["prompt"]}]
+
+class TextMismatch(RuntimeError):
+    """The server's `text` is not the detokenization of the ids it sampled."""
+
+
+SYSTEM_PROMPT_KEY = "system_prompt"  # in Task.metadata: the task's system message
+
+
+def conversation(task: dict, turns: list[dict],
+                 observation_role: str = "user") -> list[dict[str, str]]:
+    """The episode as chat messages: the task's system prompt (Task.metadata["system_prompt"])
+    if any, the task prompt, then each completion and observation. An environment whose
+    observations are tool results (`observation_role = "tool"`) has them rendered as `tool`
+    messages wherever the turn made a tool call; other observations stay `user` messages."""
+    messages = []
+    system = (task.get("metadata") or {}).get(SYSTEM_PROMPT_KEY)
+    if system:
+        messages.append({"role": "system", "content": system})
+    messages.append({"role": "user", "content": task["prompt"]})
     for turn in turns:
         messages.append({"role": "assistant", "content": turn["completion_text"]})
         if turn["observation"] is not None:
-            messages.append({"role": "user", "content": turn["observation"]})
+            role = observation_role if turn.get("tool_call") else "user"
+            messages.append({"role": role, "content": turn["observation"]})
     return messages
+
+
+def sample_count(turns: Sequence[Mapping[str, object]]) -> int:
+    """How many training samples an episode's turns make: one, plus one per turn where the
+    chat template re-rendered history (each re-sends and trains the whole context)."""
+    return 1 + sum(1 for turn in turns[1:] if turn.get("new_sample"))
 
 
 def sample_ids(turns: list[dict]) -> list[int]:
@@ -102,10 +124,17 @@ class RunStage(Stage):
     @staticmethod
     def _template(settings: Settings) -> ChatTemplate:
         if not settings.tokenizer_path:
+            if settings.chat_template or settings.chat_template_kwargs:
+                raise ValueError("--chat-template and --chat-template-kwargs need "
+                                 "--tokenizer-path (the embedded policy has one template)")
             return EmbeddedChatTemplate()
         from rollstream.policy.hf_template import HFChatTemplate  # tokenizers only when used
 
-        return HFChatTemplate(settings.tokenizer_path)
+        kwargs = json.loads(settings.chat_template_kwargs or "{}")
+        if not isinstance(kwargs, dict):
+            raise ValueError("chat_template_kwargs must be a JSON object")
+        return HFChatTemplate(settings.tokenizer_path, kwargs,
+                              chat_template=settings.chat_template or None)
 
     def input_topic(self) -> str:
         return self.topics.episodes
@@ -198,16 +227,12 @@ class RunStage(Stage):
             if len(turns) >= task["max_turns"]:
                 trajectory["termination"] = "MAX_TURNS"
                 return
-            new_sample = False
-            if turns:
-                prompt_ids, new_sample = self.template.next_prompt(
-                    sample, conversation(task, turns))
-                if new_sample:
-                    log.info("%s: template re-renders history at turn %d; new sample",
-                             trajectory["episode_id"], len(turns))
-                    sample = []
-            else:
-                prompt_ids = self.template.first_prompt(task["prompt"])
+            prompt_ids, new_sample = self.template.next_prompt(
+                sample, conversation(task, turns, getattr(env, "observation_role", "user")))
+            if new_sample:  # never at the first turn: there is no history to re-render
+                log.info("%s: template re-renders history at turn %d; new sample",
+                         trajectory["episode_id"], len(turns))
+                sample = []
             started = now_ms()
             try:
                 completion = await self._complete(sample + prompt_ids, trajectory, len(turns))
@@ -215,7 +240,7 @@ class RunStage(Stage):
                 trajectory["termination"] = "TRUNCATED"
                 trajectory["termination_detail"] = str(exc)
                 return
-            except InferenceUnavailable as exc:
+            except (InferenceUnavailable, TextMismatch) as exc:
                 trajectory["termination"] = "INFRA_ERROR"
                 trajectory["termination_detail"] = str(exc)
                 return
@@ -257,14 +282,31 @@ class RunStage(Stage):
         if sampling.get("seed") is not None:
             # Distinct but reproducible per sample and turn.
             sampling["seed"] = sampling["seed"] + 1000 * trajectory["sample_index"] + turn
+        completion = await self._sample(prompt_ids, sampling, trajectory["episode_id"])
+        # The assistant message is built from `text`, the sample from the ids: they must agree
+        # (a proxy that leaves the stop token in `text` would add a second one, silently).
+        sampled = completion.token_ids
+        if completion.finish_reason == "stop" and sampled:
+            sampled = sampled[:-1]  # the stop token, which `text` leaves out
+        expected = self.template.decode(sampled)
+        if completion.text != expected:
+            raise TextMismatch(
+                f"{completion.server}: the completion's text is not the detokenization of "
+                f"its token ids (text {completion.text[-80:]!r}, ids decode to "
+                f"{expected[-80:]!r}); check skip_special_tokens / "
+                f"spaces_between_special_tokens on any proxy in between")
+        return completion
+
+    async def _sample(self, prompt_ids: list[int], sampling: dict,
+                      episode_id: str) -> Completion:
         assert self.router is not None
         last: Exception | None = None
         delays = iter(RETRY_DELAYS_S)
         window_ends = time.monotonic() + UPDATE_WINDOW_S
         while True:
             try:
-                return await self.router.complete(trajectory["episode_id"], prompt_ids,
-                                                  sampling, self.template.stop_token_ids)
+                return await self.router.complete(episode_id, prompt_ids, sampling,
+                                                  self.template.stop_token_ids)
             except ServerUpdating as exc:
                 # A weight update is not a failure: wait it out without spending the budget.
                 last = exc
