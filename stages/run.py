@@ -94,12 +94,6 @@ def conversation(task: dict, turns: list[dict],
     return messages
 
 
-def sample_count(turns: Sequence[Mapping[str, object]]) -> int:
-    """How many training samples an episode's turns make: one, plus one per turn where the
-    chat template re-rendered history (each re-sends and trains the whole context)."""
-    return 1 + sum(1 for turn in turns[1:] if turn.get("new_sample"))
-
-
 def sample_ids(turns: list[dict]) -> list[int]:
     """The token ids of the current sample: from the last turn that started one."""
     start = max((i for i, t in enumerate(turns) if t.get("new_sample")), default=0)

@@ -20,9 +20,10 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 from transformers import PreTrainedTokenizerFast
 
 from rollstream.codec import unpack_ids
+from rollstream.policy.chat import sample_count
 from rollstream.policy.hf_template import HFChatTemplate
 from rollstream.policy.simulated import Fleet, SimulatedServer
-from stages.run import RunStage, conversation, sample_count
+from stages.run import RunStage, conversation
 from tests.run_helpers import guess_episodes, play, run_settings
 
 TEMPLATES = Path(__file__).parent / "fixtures" / "chat_templates"

@@ -47,8 +47,8 @@ def versions(urls: list[str]) -> list[int | None]:
     return asyncio.run(main())
 
 
-def fields(release: str) -> set[str]:
-    text = (FIXTURES / f"vllm_{release}_completion_request_fields.txt").read_text()
+def fields(release: str, record: str = "request") -> set[str]:
+    text = (FIXTURES / f"vllm_{release}_completion_{record}_fields.txt").read_text()
     return {line for line in text.splitlines() if line and not line.startswith("#")}
 
 
@@ -56,6 +56,24 @@ def test_request_fields_exist_in_vllm_0_33_and_only_weight_labels_are_new_since_
     body = request_body([1, 2, 3], {"seed": 1}, [0], "m")
     assert set(body) <= fields("0.33")
     assert set(body) - fields("0.12") == {"return_weight_versions"}  # 0.12 ignores it
+
+
+def test_standin_responses_have_only_their_releases_choice_fields(tmp_path: Path) -> None:
+    path = checkpoint(tmp_path / "p.safetensors", 0)
+    old, new = VllmStandIn("0.12.0", path), VllmStandIn("0.33.0", path)
+    with standins(old, new) as urls:
+
+        async def choice(url: str) -> dict:
+            body = request_body([1, 2, 3], {"max_tokens": 4, "seed": 1}, [0], "Qwen/Qwen3-4B")
+            async with aiohttp.ClientSession() as session, session.post(
+                    url + "/v1/completions", json=body) as response:
+                return (await response.json())["choices"][0]
+
+        choices = [asyncio.run(choice(u)) for u in urls]
+    assert set(choices[0]) <= fields("0.12", "choice")
+    assert set(choices[1]) <= fields("0.33", "choice") and "weight_versions" in choices[1]
+    assert choices[1]["weight_versions"] == [
+        {"version": "default", "start": 0, "end": len(choices[1]["token_ids"])}]
 
 
 def test_versions_parse_and_labels_give_the_oldest_span() -> None:

@@ -60,3 +60,9 @@ class EmbeddedChatTemplate:
         if add_generation_prompt:
             ids.append(ASSISTANT)
         return ids
+
+
+def sample_count(turns: Sequence[Mapping[str, object]]) -> int:
+    """How many training samples an episode's turns make: one, plus one per turn where the
+    chat template re-rendered history (each re-sends and trains the whole context)."""
+    return 1 + sum(1 for turn in turns[1:] if turn.get("new_sample"))
