@@ -124,9 +124,13 @@ class RunStage(Stage):
             return EmbeddedChatTemplate()
         from rollstream.policy.hf_template import HFChatTemplate  # tokenizers only when used
 
-        kwargs = json.loads(settings.chat_template_kwargs or "{}")
+        try:
+            kwargs = json.loads(settings.chat_template_kwargs or "{}")
+        except ValueError as exc:
+            raise ValueError(f"chat_template_kwargs is not JSON: {exc}") from exc
         if not isinstance(kwargs, dict):
-            raise ValueError("chat_template_kwargs must be a JSON object")
+            raise ValueError("chat_template_kwargs must be a JSON object, e.g. "
+                             '{"enable_thinking": false}')
         return HFChatTemplate(settings.tokenizer_path, kwargs,
                               chat_template=settings.chat_template or None)
 
@@ -283,6 +287,10 @@ class RunStage(Stage):
         if completion.finish_reason == "stop" and sampled:
             sampled = sampled[:-1]  # the stop token, which `text` leaves out
         expected = self.template.decode(sampled)
+        if completion.finish_reason == "length" and completion.text != expected:
+            # Cut inside a multi-byte character: vLLM's incremental detokenizer holds the
+            # partial bytes back where a plain decode writes U+FFFD.
+            expected = expected.rstrip("\ufffd")
         if completion.text != expected:
             raise TextMismatch(
                 f"{completion.server}: the completion's text is not the detokenization of "

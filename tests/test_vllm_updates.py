@@ -16,6 +16,7 @@ from rollstream.controller import apply_policy, current_version, parse_version
 from rollstream.inference import request_body
 from rollstream.policy.model import build_model, save
 from rollstream.policy.server import BackgroundServer
+from rollstream.policy.simulated import Fleet, SimulatedServer
 from rollstream.routing import UNKNOWN_VERSION, labelled_version
 from tests.run_helpers import guess_episodes, play, run_settings
 from tests.vllm_standins import VllmStandIn
@@ -180,3 +181,24 @@ def test_run_waits_out_a_paused_0_33_server_without_an_infra_failure(
         trajectories = asyncio.run(main())
     assert server.rejected > 0
     assert [t["termination"] for t in trajectories if t["termination"] == "INFRA_ERROR"] == []
+
+
+def test_run_waits_out_responses_without_a_version_stamp(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A stamping server answers without a stamp for a while (inside a middleware update
+    # window): RUN samples those turns again, past its retry budget, with no infra failure.
+    monkeypatch.setattr("stages.run.RETRY_DELAYS_S", (0.05, 0.05))
+    server = SimulatedServer(step_s=lambda running: 0.005)
+    with Fleet([server]) as fleet:
+
+        async def window(stage: object, finished: int) -> None:
+            if finished == 2:
+                server.version = None
+                asyncio.get_running_loop().call_later(1.0, setattr, server, "version", 1)
+
+        trajectories, _ = asyncio.run(play(run_settings(fleet.urls),
+                                           guess_episodes(12, max_turns=3), concurrency=4,
+                                           after_each=window))
+        unstamped = len(server.received) - sum(len(t["turns"]) for t in trajectories)
+    assert [t["termination"] for t in trajectories if t["termination"] == "INFRA_ERROR"] == []
+    assert {turn["policy_version"] for t in trajectories for turn in t["turns"]} == {0, 1}
+    assert unstamped > 0  # the window was real: those answers were sampled again
