@@ -74,6 +74,16 @@ class Settings:
         metadata={"help": "port of RUN's OpenAI-compatible gateway for harness episodes, on "
                           "127.0.0.1 (0: a free port)"},
     )
+    chat_template: str = field(
+        default="",
+        metadata={"help": "a Jinja chat template file used instead of the tokenizer's (e.g. "
+                          "one that keeps earlier reasoning: rollstream/policy/templates/)"},
+    )
+    chat_template_kwargs: str = field(
+        default="",
+        metadata={"help": 'JSON object passed to the chat template, e.g. '
+                          '\'{"enable_thinking": false}\''},
+    )
 
     @cached_property
     def topics(self) -> Topics:
