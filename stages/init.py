@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from rollstream.bounds import check_task, show_id
 from rollstream.config import Settings
 from rollstream.envs.base import InvalidTask
 from rollstream.envs.registry import UnknownEnv, get_env
@@ -37,13 +38,10 @@ class InitStage(Stage):
 
     def handle(self, task: dict, ctx: EventContext) -> list[Output]:
         try:
+            check_task(task, self.settings)
             get_env(task["env"]).validate_task(task)
-        except (UnknownEnv, InvalidTask) as exc:
-            raise InvalidEvent(f"task {task['task_id']!r}: {exc}") from exc
-        if task["group_size"] < 1:
-            raise InvalidEvent(f"task {task['task_id']!r}: group_size must be at least 1")
-        if task["max_turns"] < 1:
-            raise InvalidEvent(f"task {task['task_id']!r}: max_turns must be at least 1")
+        except (ValueError, UnknownEnv, InvalidTask) as exc:
+            raise InvalidEvent(f"task {show_id(task['task_id'])}: {exc}") from exc
         if self.gate is not None:
             self.gate.admit()
         now = int(time.time() * 1000)
