@@ -49,6 +49,10 @@ class Topics:
     def dlq(self) -> str:
         return f"{self.prefix}.dlq"
 
+    @cached_property
+    def seen(self) -> str:
+        return f"{self.prefix}.seen"
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -117,6 +121,11 @@ class Settings:
     )
     max_task_id_bytes: int = field(
         default=512, metadata={"help": "longest task_id, UTF-8 bytes (it keys every event)"}
+    )
+    dedup_window: int = field(
+        default=100_000,
+        metadata={"help": "ids INIT and EVAL remember per input partition to drop duplicates "
+                          "(rollstream.dedup)"},
     )
 
     @cached_property

@@ -97,6 +97,13 @@ TOPIC_SPECS: tuple[TopicSpec, ...] = (
         partitions=1,  # one partition: a total order of versions
     ),
     TopicSpec(
+        "seen",
+        "ids INIT and EVAL have handled, keyed by <stage>/<id>, on their input's partition; "
+        "compacted (their deduplication memory, rollstream.dedup)",
+        _config(retention_ms=7 * DAY_MS, compression="lz4", max_bytes=1 * MIB,
+                **{"cleanup.policy": "compact,delete", "min.cleanable.dirty.ratio": "0.1"}),
+    ),
+    TopicSpec(
         "dlq",
         "events a stage could not decode or validate, with reason and source coordinates",
         # Wraps the original event, which may itself be as large as MAX_MESSAGE_BYTES; kept longer

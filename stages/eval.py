@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import time
 
+from rollstream.config import Settings
+from rollstream.dedup import SeenIds
 from rollstream.envs.registry import UnknownEnv, get_env
 from rollstream.runtime import EventContext, InvalidEvent, Output, Stage
 
@@ -13,8 +15,18 @@ class EvalStage(Stage):
     name = "eval"
     input_record = "Trajectory"
 
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(settings)
+        self.seen = SeenIds(settings, self.name)  # each episode scored once (rollstream.dedup)
+
     def input_topic(self) -> str:
         return self.topics.trajectories
+
+    def on_assign(self, partitions: list[int]) -> None:
+        self.seen.restore(partitions)
+
+    def on_revoke(self, partitions: list[int]) -> None:
+        self.seen.forget(partitions)
 
     async def handle(self, trajectory: dict, ctx: EventContext) -> list[Output]:
         task = trajectory["task"]
@@ -24,8 +36,11 @@ class EvalStage(Stage):
             env = get_env(task["env"])
         except UnknownEnv as exc:
             raise InvalidEvent(str(exc)) from exc
+        if not self.seen.claim(ctx.partition, trajectory["episode_id"]):
+            return []
         score = await env.evaluate(task, trajectory)
-        return [Output(self.topics.scored, trajectory["episode_id"], "ScoredTrajectory", {
+        marker = self.seen.marker(ctx.partition, trajectory["episode_id"])
+        return [marker, Output(self.topics.scored, trajectory["episode_id"], "ScoredTrajectory", {
             "trajectory": trajectory,
             "reward": score.reward,
             "failure_class": score.failure_class,
