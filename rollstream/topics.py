@@ -113,6 +113,20 @@ TOPIC_SPECS: tuple[TopicSpec, ...] = (
 )
 
 
+# librdkafka's own limit on one record (the producers' message.max.bytes).
+PRODUCER_MAX_BYTES = MAX_MESSAGE_BYTES
+# What a record costs beyond its key and value bytes, with room to spare (record batch header,
+# varints, headers): a record within limit - this is accepted by the broker.
+RECORD_OVERHEAD = 4096
+
+
+def record_limits(topics: Topics) -> dict[str, int]:
+    """The largest key + value, in bytes, a producer may send to each topic of the graph: the
+    topic's max.message.bytes and the producers' message.max.bytes, less record overhead."""
+    return {spec.name(topics): min(int(spec.config["max.message.bytes"]), PRODUCER_MAX_BYTES)
+            - RECORD_OVERHEAD for spec in TOPIC_SPECS}
+
+
 def _admin(bootstrap: str) -> Any:
     from confluent_kafka.admin import AdminClient
 
