@@ -209,7 +209,8 @@ def table() -> str:
             "| --- | --- | --- | --- | --- | --- |"]
     for t in GRAPH:
         readers = [f"**{g}**" for g in t.groups] + list(t.followers)
+        record = t.record or "(empty marker)"
         rows.append(
-            f"| `<p>.{t.suffix}` | {t.record} | {t.key} | {t.partitions or '`--partitions`'} "
+            f"| `<p>.{t.suffix}` | {record} | {t.key} | {t.partitions or '`--partitions`'} "
             f"| {', '.join(t.writers)} | {', '.join(readers)} |")
     return "\n".join(rows)
