@@ -128,6 +128,28 @@ def test_sleeping_past_the_timeout_kills_the_whole_tree(sandbox_root: Path) -> N
     assert not processes_in(sandbox_root)
 
 
+# Commands an RL policy may leave running: still printing at the timeout, or deaf to SIGTERM.
+RUNAWAY = {
+    "yes": "yes",
+    "urandom": "base64 /dev/urandom",
+    "ignores_sigterm": "trap '' TERM; (trap '' TERM; yes >/dev/null &); "
+                       "while :; do echo still here; sleep 0.01; done",
+}
+
+
+@pytest.mark.parametrize("command", RUNAWAY.values(), ids=RUNAWAY.keys())
+def test_a_command_still_printing_at_its_timeout_returns(sandbox_root: Path,
+                                                         command: str) -> None:
+    started = time.monotonic()
+    # A large output limit keeps the reader busy copying when the timeout strikes.
+    result = in_sandbox(sandbox_root, command, timeout_s=2, output_bytes=1 << 20)
+    # Generous: a busy machine may be slow to kill, but a hang never returns at all.
+    assert time.monotonic() - started < 2 + 10
+    assert result.timed_out and not result.ok
+    assert len(result.output) < (1 << 20) + 100
+    assert not processes_in(sandbox_root)
+
+
 def test_writing_past_the_file_size_limit_fails(sandbox_root: Path) -> None:
     result = in_sandbox(sandbox_root, "head -c 40000000 /dev/zero > big; echo rc=$?; "
                                       "stat -c %s big")
