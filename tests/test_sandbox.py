@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from rollstream.sandbox import Limits, SandboxError, SandboxSpec
-from rollstream.sandbox.bwrap import BwrapBackend, BwrapSandbox
+from rollstream.sandbox.bwrap import BwrapBackend, BwrapSandbox, delete_tree
 from tests.sandbox_helpers import live_sandboxes, needs_bwrap, processes_in, sandbox_root
 
 __all__ = ["sandbox_root"]  # the fixture, imported for pytest
@@ -198,6 +198,51 @@ def test_a_command_cannot_fake_an_infra_failure(sandbox_root: Path) -> None:
     # bwrap's own setup errors look like this; only bwrap's status channel decides.
     result = in_sandbox(sandbox_root, "echo 'bwrap: Can not mount'; exit 1")
     assert result.exit_code == 1
+
+
+HOSTILE_TREE = """python - <<'PY'
+import os
+for _ in range(2000):  # deeper than Python's recursion limit
+    os.mkdir("d")
+    os.chdir("d")
+os.chdir("/testbed")
+os.makedirs("many")
+for i in range(5000):
+    open(f"many/{i}", "w").close()
+os.makedirs("locked/inner")
+open("locked/inner/f", "w").close()
+os.chmod("locked/inner", 0)
+os.chmod("locked", 0)
+print("made")
+PY
+"""
+
+
+@pytest.mark.slow
+def test_a_hostile_tree_is_removed_on_destroy_and_by_a_sweep(sandbox_root: Path) -> None:
+    async def body():
+        backend = BwrapBackend(sandbox_root)
+        sandboxes = [await backend.create(SandboxSpec(limits=LIMITS)) for _ in range(2)]
+        for sandbox in sandboxes:
+            made = await sandbox.exec(HOSTILE_TREE, timeout_s=60)
+            assert made.text.strip() == "made", made.text
+        await sandboxes[0].destroy()  # deeper than Python's recursion limit: no RecursionError
+        assert not sandboxes[0].directory.exists()
+        # The other one as a sweep in a new process finds it: nothing may stop the sweep.
+        return sandboxes[1]
+
+    try:
+        left = run(body())
+        assert left.directory.exists()
+        swept = subprocess.run([sys.executable, "-m", "rollstream.cli", "sandbox", "sweep", "--all",
+                                "--backend", "bwrap"], capture_output=True, text=True,
+                               timeout=120)
+        assert swept.returncode == 0, swept.stderr
+        assert f"removed bwrap sandbox {left.id}" in swept.stdout
+        assert not left.directory.exists()
+    finally:  # whatever failed, leave no tree that would break pytest's own tmp cleanup
+        for directory in sandbox_root.glob("bw-*"):
+            delete_tree(directory)
 
 
 # -- leases ------------------------------------------------------------------------------------

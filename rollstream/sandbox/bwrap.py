@@ -22,8 +22,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import shutil
+import subprocess
 import sys
 import time
 import uuid
@@ -39,6 +41,8 @@ from rollstream.sandbox.base import (
 )
 from rollstream.sandbox.capture import HeadTail
 from rollstream.sandbox.leases import Lease, Owner, UidPool, read_lease, sandbox_root, write_lease
+
+log = logging.getLogger(__name__)
 
 MARKER = "ROLLSTREAM_SANDBOX_DIR"  # set in every sandboxed process: finds leftovers
 UIDS_ENV = "ROLLSTREAM_SANDBOX_UIDS"  # "FIRST-LAST": uids for sandboxes of a root owner
@@ -276,7 +280,11 @@ class BwrapSandbox(Sandbox):
     async def destroy(self) -> None:
         if not self.closed:
             self.closed = True
-            await asyncio.to_thread(self._backend.remove, self.id)
+            try:
+                await asyncio.to_thread(self._backend.remove, self.id)
+            except SandboxError as exc:
+                # The episode is over either way; its lease stays for `sandbox sweep`.
+                log.warning("%s", exc)
 
 
 def _read_all(fd: int) -> bytes:
@@ -297,6 +305,22 @@ def _exit_code(status: bytes, fallback: int) -> int:
             if "exit-code" in doc:
                 return int(doc["exit-code"])
     return fallback
+
+
+def delete_tree(path: Path) -> None:
+    """Delete a sandbox's directory whatever its command left there: trees too deep for
+    Python's recursive rmtree, directories made unreadable (chmod 000), millions of files.
+    coreutils walk a tree iteratively. Raises SandboxError when something stays."""
+    if not os.path.lexists(path):
+        return
+    if os.geteuid() != 0:  # root passes permission bits; the owner must first restore its own
+        subprocess.run(["chmod", "-R", "u+rwx", "--", str(path)], capture_output=True,
+                       check=False)
+    done = subprocess.run(["rm", "-rf", "--one-file-system", "--", str(path)],
+                          capture_output=True, check=False)
+    if os.path.lexists(path):
+        reason = done.stderr.decode(errors="replace").strip().splitlines()[-3:]
+        raise SandboxError(f"cannot delete {path}: {' / '.join(reason) or 'it is still there'}")
 
 
 class BwrapBackend(Backend):
@@ -363,7 +387,7 @@ class BwrapBackend(Backend):
             if owner == str(directory):
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, 9)
-        shutil.rmtree(directory, ignore_errors=True)
+        delete_tree(directory)
         if lease is not None and lease.uid is not None:
             self.uids.release(lease.uid)
 

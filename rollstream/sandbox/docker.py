@@ -32,12 +32,13 @@ from rollstream.sandbox.leases import Lease, Owner
 
 IMAGE_ENV = "ROLLSTREAM_SANDBOX_IMAGE"
 # For tasks without an image of their own (the shipped snapshots): needs bash, git and pytest.
-DEFAULT_IMAGE = "python:3.11"
+DEFAULT_IMAGE = "rollstream/base:bookworm"  # built by `make deps` from Debian packages
 LABEL = "rollstream.sandbox"
 OWNER_LABEL = "rollstream.owner"
 CREATED_LABEL = "rollstream.created"
 LABEL_PREFIX = "rollstream.label."
-ENGINE_GRACE_S = 30.0  # past the command's own timeout: the engine itself is stuck
+KILL_GRACE_S = 5.0  # past the timeout: `timeout` killed the command, its output is not closed
+ENGINE_GRACE_S = 30.0  # after killing everything: the engine itself is stuck
 
 
 def _errors() -> tuple[type[BaseException], ...]:
@@ -60,10 +61,12 @@ def available() -> str | None:
 class DockerSandbox(Sandbox):
     backend = "docker"
 
-    def __init__(self, sandbox_id: str, spec: SandboxSpec, client: Any, container: Any) -> None:
+    def __init__(self, sandbox_id: str, spec: SandboxSpec, client: Any, container: Any,
+                 keep_pid: int) -> None:
         super().__init__(sandbox_id, spec)
         self.client = client
         self.container = container
+        self.keep_pid = keep_pid  # the container's `sleep infinity`: killing it stops the box
 
     async def _run(self, argv: list[str], timeout_s: float, stdin: bytes | None,
                    capture: HeadTail, cwd: str) -> tuple[int, bool]:
@@ -74,18 +77,38 @@ class DockerSandbox(Sandbox):
                     "stdin", stdin_path, *argv]
         argv = ["timeout", "-s", "KILL", str(math.ceil(timeout_s)), *argv]
         started = time.perf_counter()
+        command = asyncio.ensure_future(
+            asyncio.to_thread(self._exec_blocking, argv, cwd, capture))
         try:
-            code = await asyncio.wait_for(
-                asyncio.to_thread(self._exec_blocking, argv, cwd, capture),
-                timeout_s + ENGINE_GRACE_S)
+            try:
+                code = await asyncio.wait_for(asyncio.shield(command), timeout_s + KILL_GRACE_S)
+            except TimeoutError:
+                # `timeout` killed the command's process group, but a process it moved out of
+                # the group (setsid, a daemon) still holds the output open: kill everything.
+                await asyncio.to_thread(self._kill_all)
+                code = await asyncio.wait_for(command, ENGINE_GRACE_S)
+                return code, True
         except TimeoutError:
             await self.destroy()
             raise SandboxError(f"sandbox {self.id}: the engine did not end a command "
                                f"{ENGINE_GRACE_S:.0f} s after its timeout") from None
         except _errors() as exc:
             raise SandboxError(f"sandbox {self.id}: {type(exc).__name__}: {exc}") from exc
+        timed_out = code == 137 and time.perf_counter() - started >= timeout_s - 0.05
+        if timed_out:
+            # What the command left behind (it may be printing still) goes with it.
+            await asyncio.to_thread(self._kill_all)
         # 137 is also an OOM kill; only a kill at the deadline is a timeout.
-        return code, code == 137 and time.perf_counter() - started >= timeout_s - 0.05
+        return code, timed_out
+
+    def _kill_all(self) -> None:
+        """SIGKILL every process in the container but its init and its `sleep infinity`."""
+        script = ('for d in /proc/[0-9]*; do p=${d#/proc/}; case $p in 1|$$|"$1") ;; '
+                  '*) kill -9 "$p" 2>/dev/null;; esac; done; true')
+        try:
+            self.container.exec_run(["sh", "-c", script, "kill-all", str(self.keep_pid)])
+        except _errors() as exc:
+            raise SandboxError(f"sandbox {self.id}: cannot kill its processes: {exc}") from exc
 
     def _exec_blocking(self, argv: list[str], cwd: str, capture: HeadTail) -> int:
         api = self.client.api
@@ -151,7 +174,15 @@ class DockerBackend(Backend):
                 working_dir=spec.workdir, name=f"rollstream-{sandbox_id}")
         except _errors() as exc:
             raise SandboxError(f"cannot start a container from {image!r}: {exc}") from exc
-        return DockerSandbox(sandbox_id, spec, self.client, container)
+        try:
+            # The init's only child now is `sleep infinity`; later children are the agent's.
+            found = container.exec_run(["cat", "/proc/1/task/1/children"]).output.split()
+            keep_pid = int(found[0])
+        except (*_errors(), ValueError, IndexError) as exc:
+            self.remove_container(container)
+            raise SandboxError(f"container from {image!r} did not start its command: "
+                               f"{exc}") from exc
+        return DockerSandbox(sandbox_id, spec, self.client, container, keep_pid)
 
     def _containers(self) -> list[Any]:
         return self.client.containers.list(all=True, filters={"label": LABEL})
