@@ -13,11 +13,11 @@ import pytest
 
 from rollstream.sandbox import Limits, SandboxSpec
 from rollstream.sandbox.backends import BACKEND_ENV, backend_name, unavailable
-from rollstream.sandbox.docker import LABEL, OWNER_LABEL, DockerBackend
+from rollstream.sandbox.docker import DEFAULT_IMAGE, LABEL, OWNER_LABEL, DockerBackend
 from rollstream.sandbox.docker import available as docker_available
 
 NO_DOCKER = docker_available()
-IMAGE = os.environ.get("ROLLSTREAM_TEST_DOCKER_IMAGE", "python:3.11-slim")
+IMAGE = os.environ.get("ROLLSTREAM_TEST_DOCKER_IMAGE", DEFAULT_IMAGE)
 
 
 class _Container:
@@ -33,6 +33,11 @@ class _Container:
 
     def remove(self, force: bool) -> None:
         self.removed = force
+
+    def exec_run(self, argv: list[str]) -> Any:
+        # The backend asks for the init's children once, to spare `sleep infinity` later.
+        assert argv == ["cat", "/proc/1/task/1/children"]
+        return type("ExecResult", (), {"output": b"7 "})()
 
 
 class _Api:
@@ -128,5 +133,40 @@ def test_real_container_is_isolated_limited_and_removed() -> None:
         finally:
             await sandbox.destroy()
         assert sandbox.id not in {lease.id for lease in backend.leases()}
+
+    asyncio.run(body())
+
+
+# As in the bwrap suite: still printing at the timeout, deaf to SIGTERM, or moved out of the
+# command's process group (which `timeout` alone would not reach) with the output held open.
+RUNAWAY = {
+    "yes": "yes",
+    "urandom": "base64 /dev/urandom",
+    "ignores_sigterm": "trap '' TERM; while :; do echo still here; sleep 0.01; done",
+    "setsid_holds_output": "setsid yes & sleep 300",
+}
+
+
+@pytest.mark.skipif(NO_DOCKER is not None, reason=f"{NO_DOCKER}")
+def test_a_runaway_command_in_a_container_returns_and_is_killed() -> None:
+    backend = DockerBackend()
+
+    async def body():
+        sandbox = await backend.create(SandboxSpec(image=IMAGE))
+        try:
+            for name, command in RUNAWAY.items():
+                started = asyncio.get_running_loop().time()
+                result = await sandbox.exec(command, timeout_s=2, output_bytes=1 << 20)
+                elapsed = asyncio.get_running_loop().time() - started
+                # Generous for a busy machine; a hang would never return.
+                assert elapsed < 2 + 15, (name, elapsed)
+                assert result.timed_out and not result.ok, name
+                left = await sandbox.exec("ps -eo pid=,args= | grep -v -e 'ps -eo' -e grep")
+                assert {line.split(None, 1)[1] for line in left.text.strip().splitlines()} \
+                    <= {"/sbin/docker-init -- sleep infinity", "sleep infinity",
+                        "bash -c ps -eo pid=,args= | grep -v -e 'ps -eo' -e grep"}, (name, left.text)
+            assert (await sandbox.exec("echo alive")).text == "alive\n"
+        finally:
+            await sandbox.destroy()
 
     asyncio.run(body())
