@@ -164,7 +164,8 @@ def test_a_runaway_command_in_a_container_returns_and_is_killed() -> None:
                 left = await sandbox.exec("ps -eo pid=,args= | grep -v -e 'ps -eo' -e grep")
                 assert {line.split(None, 1)[1] for line in left.text.strip().splitlines()} \
                     <= {"/sbin/docker-init -- sleep infinity", "sleep infinity",
-                        "bash -c ps -eo pid=,args= | grep -v -e 'ps -eo' -e grep"}, (name, left.text)
+                        "bash -c ps -eo pid=,args= | grep -v -e 'ps -eo' -e grep"}, \
+                    (name, left.text)
             assert (await sandbox.exec("echo alive")).text == "alive\n"
         finally:
             await sandbox.destroy()

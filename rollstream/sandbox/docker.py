@@ -15,9 +15,10 @@ import asyncio
 import contextlib
 import math
 import os
+import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from rollstream.sandbox.base import (
@@ -58,6 +59,34 @@ def available() -> str | None:
     return None
 
 
+def _in_own_thread(fn: Callable[..., int], *args: Any) -> asyncio.Future[int]:
+    """`fn(*args)` run at once in a new thread; its result as a future of the running loop."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[int] = loop.create_future()
+
+    def settle(result: int | None, error: BaseException | None) -> None:
+        if future.done():
+            return
+        if error is None:
+            future.set_result(result)  # type: ignore[arg-type]
+        else:
+            future.set_exception(error)
+
+    def target() -> None:
+        result: int | None = None
+        try:
+            result = fn(*args)
+        except BaseException as exc:  # handed to the awaiting task
+            result, error = None, exc
+        else:
+            error = None
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
+            loop.call_soon_threadsafe(settle, result, error)
+
+    threading.Thread(target=target, daemon=True, name="docker-exec").start()
+    return future
+
+
 class DockerSandbox(Sandbox):
     backend = "docker"
 
@@ -77,8 +106,9 @@ class DockerSandbox(Sandbox):
                     "stdin", stdin_path, *argv]
         argv = ["timeout", "-s", "KILL", str(math.ceil(timeout_s)), *argv]
         started = time.perf_counter()
-        command = asyncio.ensure_future(
-            asyncio.to_thread(self._exec_blocking, argv, cwd, capture))
+        # A thread of its own: in a shared pool, waiting for a free thread would count
+        # against the command's deadline.
+        command = _in_own_thread(self._exec_blocking, argv, cwd, capture)
         try:
             try:
                 code = await asyncio.wait_for(asyncio.shield(command), timeout_s + KILL_GRACE_S)
