@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -66,6 +67,71 @@ def test_files_outside_the_workspace_are_out_of_reach(sandbox_root: Path, tmp_pa
         assert expected in result.text
     assert result.text.rstrip().endswith("done")
     assert not Path("/usr/evil").exists()
+
+
+PROC_PROBE = """
+import asyncio, sys
+from pathlib import Path
+from rollstream.sandbox import SandboxSpec
+from rollstream.sandbox.bwrap import BwrapBackend
+
+async def main():
+    sandbox = await BwrapBackend(Path(sys.argv[1])).create(SandboxSpec())
+    try:
+        result = await sandbox.exec("id -u; for p in /proc/[0-9]*; do cat $p/environ $p/cmdline; "
+                                    "echo; done 2>&1; echo ENV; env")
+        print(result.text)
+    finally:
+        await sandbox.destroy()
+
+asyncio.run(main())
+"""
+
+
+def _as_nobody() -> list[str] | None:
+    """A command prefix running a Python as an unprivileged owner, or None where none can."""
+    if os.geteuid() != 0:
+        return [sys.executable]
+    for python in dict.fromkeys([sys.executable, "/usr/bin/python3"]):
+        prefix = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", python]
+        # The project's virtualenv may live where nobody may enter (e.g. under /root).
+        probe = "import os, sys; os.listdir(sys.base_prefix)"  # bwrap must bind it
+        if subprocess.run([*prefix, "-c", probe], capture_output=True).returncode == 0:
+            return prefix
+    return None
+
+
+def test_a_non_root_owners_environment_is_not_readable_in_the_sandbox() -> None:
+    prefix = _as_nobody()
+    if prefix is None:
+        pytest.skip("no Python that an unprivileged user may run (root-owned virtualenv)")
+    # Not under pytest's tmp_path: its parents are closed to other users.
+    root = Path(tempfile.mkdtemp(prefix="rollstream-nobody-"))
+    try:
+        root.chmod(0o777)
+        _probe_as(prefix, root)
+    finally:
+        delete_tree(root)
+
+
+def _probe_as(prefix: list[str], root: Path) -> None:
+    project = Path(__file__).resolve().parent.parent
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(project), "HOME": str(root),
+           "OWNER_SECRET": "hunter2-token"}
+    probe = subprocess.run([*prefix, "-c", PROC_PROBE, str(root)], capture_output=True,
+                           text=True, env=env, timeout=120)
+    assert probe.returncode == 0, probe.stderr
+    uid, _, rest = probe.stdout.partition("\n")
+    if os.geteuid() == 0:
+        assert uid == "65534"  # really run as an unprivileged owner (bwrap in a user namespace)
+    assert "hunter2-token" not in probe.stdout and "OWNER_SECRET" not in probe.stdout
+    assert str(project) not in probe.stdout  # no host path of the owner in any cmdline
+    inside = dict(line.split("=", 1) for line in rest.split("ENV\n")[1].splitlines()
+                  if "=" in line)
+    assert set(inside) <= {"PATH", "HOME", "TMPDIR", "LANG", "TERM", "PAGER", "GIT_PAGER",
+                           "PYTHONDONTWRITEBYTECODE", "PYTHONUNBUFFERED", "PWD", "SHLVL", "_",
+                           "ROLLSTREAM_SANDBOX_DIR"}
+    assert not list(root.glob("bw-*"))
 
 
 def test_the_network_is_unreachable(sandbox_root: Path) -> None:

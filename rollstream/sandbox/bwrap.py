@@ -61,6 +61,8 @@ def python_paths() -> list[str]:
     found: list[str] = []
     for path in (sys.prefix, sys.base_prefix, str(Path(sys.executable).resolve().parent.parent)):
         path = os.path.realpath(path)
+        if not os.access(path, os.R_OK | os.X_OK):
+            continue  # out of this owner's reach (e.g. under /root): bwrap could not bind it
         if not any(path == p or path.startswith(p + "/") for p in ("/usr", *found)):
             found.append(path)
     return found
