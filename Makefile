@@ -14,7 +14,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[test]'
 	touch $@
 
-# Machine-level tools: bubblewrap (sandboxes without Docker) and the Kafka broker's jars (Maven).
+# Machine-level tools: bubblewrap (sandboxes without Docker), the Kafka broker's jars (Maven), and
+# a Docker engine with the local base image for Docker sandboxes (scripts/docker-engine.sh).
 deps: venv
 	@if ! command -v bwrap >/dev/null 2>&1; then \
 		if [ "$$(id -u)" = 0 ]; then \
@@ -25,6 +26,7 @@ deps: venv
 		fi; \
 	fi
 	$(BIN)/rollstream broker fetch
+	./scripts/docker-engine.sh
 
 test: venv deps
 	$(BIN)/python -m pytest -q

@@ -65,8 +65,17 @@ def test_the_shipped_set_is_large_enough_and_well_formed() -> None:
         assert instance.fail_to_pass and instance.pass_to_pass and instance.base_commit
 
 
+NO_DOCKER = backends.unavailable("docker")
+BACKENDS = [pytest.param("bwrap", id="bwrap"),
+            pytest.param("docker", id="docker", marks=[
+                pytest.mark.slow,
+                pytest.mark.skipif(NO_DOCKER is not None, reason=f"{NO_DOCKER}")])]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_every_shipped_task_resolves_with_its_gold_patch_and_not_without(
-        sandbox_root: Path) -> None:
+        sandbox_root: Path, backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(backends.BACKEND_ENV, backend)
     instances = [SweInstance.from_task(t) for t in shipped()]
 
     async def all_of_them():
