@@ -171,6 +171,27 @@ def test_a_fork_bomb_hits_the_process_limit_and_leaves_nothing(sandbox_root: Pat
     assert not processes_in(sandbox_root)
 
 
+def test_no_nested_user_namespace_whoever_owns_the_sandbox(sandbox_root: Path) -> None:
+    # As root there is no user namespace for --disable-userns: the seccomp filter refuses them.
+    result = in_sandbox(sandbox_root, textwrap.dedent("""
+        unshare -U true && echo unshare-cli-worked
+        python - <<'PY'
+        import ctypes, os, threading
+        libc = ctypes.CDLL(None, use_errno=True)
+        print("unshare", libc.unshare(0x10000000), os.strerror(ctypes.get_errno()))
+        t = threading.Thread(target=print, args=("threads still start",))
+        t.start(); t.join()
+        pid = os.fork()  # plain fork still works (clone without CLONE_NEWUSER)
+        if pid == 0:
+            os._exit(7)
+        print("child", os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+        PY
+        """))
+    assert "unshare-cli-worked" not in result.text
+    assert "unshare -1 Operation not permitted" in result.text, result.text
+    assert "threads still start" in result.text and "child 7" in result.text
+
+
 def test_allocating_past_the_memory_limit_fails_in_the_sandbox(sandbox_root: Path) -> None:
     result = in_sandbox(sandbox_root, "python -c 'bytearray(1 << 30)'")
     assert result.exit_code == 1 and not result.timed_out

@@ -32,6 +32,7 @@ import uuid
 from collections.abc import Mapping
 from pathlib import Path
 
+from rollstream.sandbox import seccomp
 from rollstream.sandbox.base import (
     Backend,
     Sandbox,
@@ -212,20 +213,24 @@ class BwrapSandbox(Sandbox):
                    for a in self._options]
         # The options (host paths among them) go through a file descriptor, so the sandbox's
         # pid 1, which is bwrap, shows no host path in /proc/1/cmdline.
+        filter_fd = seccomp.filter_fd()
+        if filter_fd is not None:
+            options += ["--seccomp", str(filter_fd)]
         args_fd = _memfd(b"\0".join(a.encode() for a in options) + b"\0")
+        fds = (status_w, args_fd) if filter_fd is None else (status_w, args_fd, filter_fd)
         try:
             proc = await asyncio.create_subprocess_exec(
                 "bwrap", "--args", str(args_fd), "--", *self._command, *argv,
                 stdin=asyncio.subprocess.PIPE if stdin is not None else
                 asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT, pass_fds=(status_w, args_fd),
+                stderr=asyncio.subprocess.STDOUT, pass_fds=fds,
                 env=self._env)
         except OSError as exc:
             os.close(status_r)
             raise SandboxError(f"cannot start bwrap: {exc}") from exc
         finally:
-            os.close(status_w)
-            os.close(args_fd)
+            for fd in fds:
+                os.close(fd)
         reader = asyncio.ensure_future(self._communicate(proc, stdin, capture))
         timed_out = False
         try:
