@@ -198,6 +198,20 @@ def test_allocating_past_the_memory_limit_fails_in_the_sandbox(sandbox_root: Pat
     assert "MemoryError" in result.text
 
 
+def test_memory_is_limited_for_the_whole_sandbox(sandbox_root: Path) -> None:
+    async def body(sandbox: BwrapSandbox):
+        if sandbox.group is None:
+            pytest.skip("no writable cgroup here: memory is limited per process only (the "
+                        "test above covers the per-process limit)")
+        # Each alone is under the limit (256 MB); the four together are not.
+        return await sandbox.exec(
+            "for i in 1 2 3 4; do python -c 'b = bytearray(150 << 20); import time; "
+            "time.sleep(2); print(\"held\")' & done; wait", timeout_s=60)
+    result = run(_with_sandbox(sandbox_root, body, Limits(memory_mb=256, max_processes=64)))
+    assert result.text.splitlines().count("held") <= 1, result.text
+    assert "Killed" in result.text
+
+
 def test_100_mb_of_output_is_capped_head_and_tail(sandbox_root: Path) -> None:
     result = in_sandbox(sandbox_root, "echo START; head -c 100000000 /dev/zero | tr '\\0' x; "
                                       "echo; echo END")

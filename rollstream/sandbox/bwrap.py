@@ -32,7 +32,7 @@ import uuid
 from collections.abc import Mapping
 from pathlib import Path
 
-from rollstream.sandbox import seccomp
+from rollstream.sandbox import cgroups, seccomp
 from rollstream.sandbox.base import (
     Backend,
     Sandbox,
@@ -173,8 +173,10 @@ class BwrapSandbox(Sandbox):
     backend = "bwrap"
 
     def __init__(self, sandbox_id: str, spec: SandboxSpec, directory: Path,
-                 uid: int | None, on_destroy: BwrapBackend) -> None:
+                 uid: int | None, on_destroy: BwrapBackend,
+                 group: cgroups.SandboxCgroup | None = None) -> None:
         super().__init__(sandbox_id, spec)
+        self.group = group
         self.directory = directory
         self.uid = uid
         self._backend = on_destroy
@@ -220,6 +222,7 @@ class BwrapSandbox(Sandbox):
         fds = (status_w, args_fd) if filter_fd is None else (status_w, args_fd, filter_fd)
         try:
             proc = await asyncio.create_subprocess_exec(
+                *(self.group.join_prefix() if self.group else ()),
                 "bwrap", "--args", str(args_fd), "--", *self._command, *argv,
                 stdin=asyncio.subprocess.PIPE if stdin is not None else
                 asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
@@ -372,10 +375,14 @@ class BwrapBackend(Backend):
                 write_lease(directory, lease)
                 for sub in ("workspace", "tmp"):
                     os.chown(directory / sub, lease.uid, lease.uid)
+            group = cgroups.create(sandbox_id, spec.limits.memory_mb, spec.limits.max_processes)
+            if group is not None:
+                lease.cgroups = [str(g) for g in group.groups]
+                write_lease(directory, lease)
         except (OSError, RuntimeError) as exc:
             self.remove(sandbox_id)
             raise SandboxError(f"cannot create sandbox under {self.root}: {exc}") from exc
-        return BwrapSandbox(sandbox_id, spec, directory, lease.uid, self)
+        return BwrapSandbox(sandbox_id, spec, directory, lease.uid, self, group)
 
     def leases(self) -> list[Lease]:
         found = []
@@ -394,6 +401,8 @@ class BwrapBackend(Backend):
             if owner == str(directory):
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, 9)
+        if lease is not None and lease.cgroups:
+            cgroups.SandboxCgroup([Path(g) for g in lease.cgroups]).kill_and_remove()
         delete_tree(directory)
         if lease is not None and lease.uid is not None:
             self.uids.release(lease.uid)
