@@ -1,12 +1,14 @@
 """Docker sandboxes: one container per episode from the task's image (SWE-bench style images
 hold the repository at /testbed), removed when the episode is done.
 
-The container runs `sleep infinity` under an init, with no network, capped memory (swap
-included), CPU and pids, every capability dropped and no-new-privileges. `docker exec` has no
-timeout, so each command runs under `timeout -s KILL`, which kills the command's whole process
-group; a host-side deadline on top catches a wedged engine (then the sandbox is an infra
-failure). Output is streamed and capped as for bwrap. Labels record the owner (see leases.py)
-so `rollstream sandbox sweep` can remove containers left by a process that died.
+The container's pid 1 is a bash loop (KEEPER) that the agent cannot kill from inside, with no
+network, capped memory (swap included), CPU and pids, every capability dropped and
+no-new-privileges. `docker exec` has no timeout, so each command runs under `timeout -s KILL`
+(its process group); past the deadline every process but pid 1 is killed, which also ends
+what left the group (setsid, daemons) while holding the output open; a host-side deadline on
+top catches a wedged engine (then the sandbox is an infra failure). Output is streamed and
+capped as for bwrap. Labels record the owner (see leases.py) so `rollstream sandbox sweep` can
+remove containers left by a process that died.
 """
 
 from __future__ import annotations
@@ -39,6 +41,9 @@ OWNER_LABEL = "rollstream.owner"
 CREATED_LABEL = "rollstream.created"
 LABEL_PREFIX = "rollstream.label."
 KILL_GRACE_S = 5.0  # past the timeout: `timeout` killed the command, its output is not closed
+# The container's pid 1: the kernel ignores signals sent to it from inside, so `kill -9 -1`
+# (the agent's, or ours after a timeout) leaves the container up; bash reaps orphans.
+KEEPER = ["bash", "-c", "trap 'exit 0' TERM; while :; do sleep 3600 & wait $!; done"]
 ENGINE_GRACE_S = 30.0  # after killing everything: the engine itself is stuck
 
 
@@ -90,12 +95,10 @@ def _in_own_thread(fn: Callable[..., int], *args: Any) -> asyncio.Future[int]:
 class DockerSandbox(Sandbox):
     backend = "docker"
 
-    def __init__(self, sandbox_id: str, spec: SandboxSpec, client: Any, container: Any,
-                 keep_pid: int) -> None:
+    def __init__(self, sandbox_id: str, spec: SandboxSpec, client: Any, container: Any) -> None:
         super().__init__(sandbox_id, spec)
         self.client = client
         self.container = container
-        self.keep_pid = keep_pid  # the container's `sleep infinity`: killing it stops the box
 
     async def _run(self, argv: list[str], timeout_s: float, stdin: bytes | None,
                    capture: HeadTail, cwd: str) -> tuple[int, bool]:
@@ -132,11 +135,10 @@ class DockerSandbox(Sandbox):
         return code, timed_out
 
     def _kill_all(self) -> None:
-        """SIGKILL every process in the container but its init and its `sleep infinity`."""
-        script = ('for d in /proc/[0-9]*; do p=${d#/proc/}; case $p in 1|$$|"$1") ;; '
-                  '*) kill -9 "$p" 2>/dev/null;; esac; done; true')
+        """SIGKILL every process in the container but its pid 1 (KEEPER), which the kernel
+        shields from signals sent inside the container."""
         try:
-            self.container.exec_run(["sh", "-c", script, "kill-all", str(self.keep_pid)])
+            self.container.exec_run(["kill", "-9", "-1"])
         except _errors() as exc:
             raise SandboxError(f"sandbox {self.id}: cannot kill its processes: {exc}") from exc
 
@@ -194,7 +196,7 @@ class DockerBackend(Backend):
         file_size = limits.file_size_mb << 20
         try:
             container = self.client.containers.run(
-                image, ["sleep", "infinity"], detach=True, init=True, labels=labels,
+                image, KEEPER, detach=True, labels=labels,
                 network_disabled=True, network_mode="none",
                 mem_limit=f"{limits.memory_mb}m", memswap_limit=f"{limits.memory_mb}m",
                 nano_cpus=int(limits.cpus * 1e9), pids_limit=limits.max_processes,
@@ -204,15 +206,7 @@ class DockerBackend(Backend):
                 working_dir=spec.workdir, name=f"rollstream-{sandbox_id}")
         except _errors() as exc:
             raise SandboxError(f"cannot start a container from {image!r}: {exc}") from exc
-        try:
-            # The init's only child now is `sleep infinity`; later children are the agent's.
-            found = container.exec_run(["cat", "/proc/1/task/1/children"]).output.split()
-            keep_pid = int(found[0])
-        except (*_errors(), ValueError, IndexError) as exc:
-            self.remove_container(container)
-            raise SandboxError(f"container from {image!r} did not start its command: "
-                               f"{exc}") from exc
-        return DockerSandbox(sandbox_id, spec, self.client, container, keep_pid)
+        return DockerSandbox(sandbox_id, spec, self.client, container)
 
     def _containers(self) -> list[Any]:
         return self.client.containers.list(all=True, filters={"label": LABEL})
