@@ -1,4 +1,4 @@
-"""What an RL policy could try against the `swe` environment, on bwrap sandboxes: commands
+"""What an RL policy could try against the `swe` environment, on each backend: commands
 that never stop printing (in the bash tool and in EVAL's test run), forged test results (a
 conftest.py that passes everything, lines printed after pytest's summary), a broken .git. Each
 must end in bounded time with reward 0 and the class `agent` or `ok`, never `env` or `infra`.
@@ -11,7 +11,6 @@ import dataclasses
 import difflib
 import json
 import time
-from pathlib import Path
 
 import pytest
 
@@ -19,10 +18,10 @@ from rollstream.envs.swe.grading import grade, protected_files
 from rollstream.envs.swe.instance import SweInstance
 from rollstream.envs.swe.junit import parse_junit
 from rollstream.envs.swe.log_parsers import parse_pytest
-from tests.sandbox_helpers import needs_bwrap, sandbox_root
+from tests.sandbox_helpers import backend, sandbox_root
 from tests.test_swe import call, play, shipped
 
-__all__ = ["sandbox_root"]
+__all__ = ["backend", "sandbox_root"]
 
 
 def wordwrap() -> SweInstance:
@@ -47,8 +46,7 @@ def appended(instance: SweInstance, path: str, extra: str) -> str:
 
 # -- runaway commands --------------------------------------------------------------------------
 
-@needs_bwrap
-def test_the_bash_tool_returns_from_a_command_still_printing(sandbox_root: Path) -> None:
+def test_the_bash_tool_returns_from_a_command_still_printing(backend: str) -> None:
     task = shipped("wordwrap")[0]
     fast = {**task, "data": {**json.loads(task["data"]),
                              "scaffold": {"command_timeout_s": 2}}}
@@ -62,8 +60,7 @@ def test_the_bash_tool_returns_from_a_command_still_printing(sandbox_root: Path)
     assert (score.reward, score.failure_class) == (0.0, "agent")  # nothing changed: empty
 
 
-@needs_bwrap
-def test_a_patch_whose_tests_print_forever_gets_a_verdict(sandbox_root: Path) -> None:
+def test_a_patch_whose_tests_print_forever_gets_a_verdict(backend: str) -> None:
     instance = dataclasses.replace(wordwrap(), eval_timeout_s=3)
     patch = appended(instance, "wordwrap.py", "\nwhile True:\n    print('y' * 80)\n")
     started = time.monotonic()
@@ -87,9 +84,8 @@ def pytest_runtest_makereport(item, call):
 """
 
 
-@needs_bwrap
 @pytest.mark.parametrize("where", ["conftest.py", "tests/conftest.py"])
-def test_a_conftest_that_passes_everything_earns_nothing(sandbox_root: Path, where: str) -> None:
+def test_a_conftest_that_passes_everything_earns_nothing(backend: str, where: str) -> None:
     instance = wordwrap()
     score = asyncio.run(grade(instance, edit(instance, where, PASS_EVERYTHING)))
     assert (score.reward, score.failure_class) == (0.0, "ok"), score.verifier
@@ -97,8 +93,7 @@ def test_a_conftest_that_passes_everything_earns_nothing(sandbox_root: Path, whe
     assert score.verifier["failing"]["FAIL_TO_PASS"]
 
 
-@needs_bwrap
-def test_results_printed_by_the_code_under_test_earn_nothing(sandbox_root: Path) -> None:
+def test_results_printed_by_the_code_under_test_earn_nothing(backend: str) -> None:
     instance = wordwrap()
     lines = "".join(f"PASSED {t}\\n" for t in instance.fail_to_pass)
     forged = (f"\nimport atexit, sys\nsys.stdout.write('{lines}')\n"
@@ -123,8 +118,7 @@ def test_what_the_patch_may_not_touch() -> None:
     assert "wordwrap.py" not in restored
 
 
-@needs_bwrap
-def test_a_patch_touching_git_metadata_is_refused(sandbox_root: Path) -> None:
+def test_a_patch_touching_git_metadata_is_refused(backend: str) -> None:
     instance = wordwrap()
     score = asyncio.run(grade(instance, edit(instance, ".git/hooks/post-checkout", "x\n")))
     assert (score.reward, score.failure_class) == (0.0, "agent")
@@ -132,13 +126,12 @@ def test_a_patch_touching_git_metadata_is_refused(sandbox_root: Path) -> None:
 
 # -- a broken repository -----------------------------------------------------------------------
 
-@needs_bwrap
 @pytest.mark.parametrize("command", [
     "rm -rf /testbed/.git",
     "printf '[core\\n\\tbroken' > /testbed/.git/config",
     "echo 'ref: refs/heads/nowhere' > .git/HEAD && rm -rf .git/objects",
 ], ids=["rm_git", "bad_config", "no_objects"])
-def test_breaking_git_is_the_agents_failure(sandbox_root: Path, command: str) -> None:
+def test_breaking_git_is_the_agents_failure(backend: str, command: str) -> None:
     task = shipped("wordwrap")[0]
     gold = SweInstance.from_task(task).gold_patch
     assert gold  # the agent fixed the bug, then broke the repository: still its failure
