@@ -19,6 +19,7 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicPartition
 
 from rollstream import config, kafka
+from rollstream.broker import with_broker
 from rollstream.codec import DecodeError, codec
 from rollstream.config import Settings
 from rollstream.events import DEAD_LETTER
@@ -186,7 +187,7 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    settings = config.load_resolved(args)
+    settings = with_broker(config.load(args))
     if args.action == "list":
         rows = summary(list(dead_letters(settings)), redriven(settings))
         if args.json:

@@ -17,9 +17,11 @@
   eject it too, until a later health check finds it answering again.
 - Policy version: a response's `X-Rollstream-Policy-Version` header (embedded server, or vLLM
   with rollstream.vllm_middleware) is exact. A server with Rollstream LoRA adapters is sent the
-  newest adapter by name, and that adapter's version is the turn's. A server that stamped its
+  newest adapter by name, and that adapter's version is the turn's. vLLM 0.33's own labels
+  (`choices[].weight_versions`, set by the controller) come next. A server that stamped its
   responses before and sends one without a stamp is inside a weight update: `VersionUnknown`,
   and RUN samples the turn again. A server that never stamps gives -1 (unknown), never a guess.
+  Update windows (`VersionUnknown`, a paused vLLM's 503) do not count as server failures.
 """
 
 from __future__ import annotations
@@ -33,7 +35,13 @@ from typing import Any
 
 from rollstream import metrics
 from rollstream.controller import lora_version
-from rollstream.inference import Completion, InferenceClient, InferenceError, ServerError
+from rollstream.inference import (
+    Completion,
+    InferenceClient,
+    InferenceError,
+    ServerError,
+    ServerUpdating,
+)
 
 log = logging.getLogger("rollstream.routing")
 
@@ -45,8 +53,19 @@ class NoServer(ServerError):
     """No usable inference server right now (all down, ejected or removed)."""
 
 
-class VersionUnknown(ServerError):
+class VersionUnknown(ServerUpdating):
     """The response came from a server in the middle of a weight update: sample it again."""
+
+
+def labelled_version(spans: Sequence[Mapping[str, Any]]) -> int:
+    """The turn's version from vLLM's `weight_versions` spans. A turn paused (`mode=keep`)
+    across an update has two spans; it records the oldest, so staleness is never understated
+    (its logprobs are still each token's own). A label that is not a number (vLLM's initial
+    "default") is unknown."""
+    labels = [str(span.get("version")) for span in spans]
+    if not all(label.isdigit() for label in labels):
+        return UNKNOWN_VERSION
+    return min(int(label) for label in labels)
 
 
 @dataclass
@@ -169,6 +188,8 @@ class Router:
             server.stamps_versions = True
         elif lora is not None:
             completion.policy_version = lora[1]  # the adapter the request named
+        elif completion.weight_versions:
+            completion.policy_version = labelled_version(completion.weight_versions)
         elif server.stamps_versions:
             raise VersionUnknown("response without a policy version: weights being updated",
                                  server=server.url)
@@ -177,6 +198,8 @@ class Router:
         return completion
 
     def _failed(self, server: Server, exc: ServerError) -> None:
+        if isinstance(exc, ServerUpdating):
+            return  # a weight update, not a failing server
         server.failures += 1
         if server.healthy and (exc.unreachable or server.failures >= EJECT_AFTER):
             server.healthy = False

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from rollstream import config
+from rollstream.broker import with_broker
 from rollstream.codec import DecodeError, codec, unpack_ids
 from rollstream.config import Settings
 from rollstream.events import DEAD_LETTER, POLICY_VERSION, SCORED_TRAJECTORY, TRAJECTORY
@@ -130,7 +131,8 @@ def _add_up(items: Any) -> dict[tuple[str, str], float]:
     return sums
 
 
-def build_app(settings: Settings, web_port: int, datadir: Path, partitions: int) -> Any:
+def build_app(settings: Settings, web_port: int, datadir: Path, partitions: int,
+              web_host: str = "127.0.0.1") -> Any:
     import faust
 
     prefix = settings.prefix
@@ -144,7 +146,7 @@ def build_app(settings: Settings, web_port: int, datadir: Path, partitions: int)
         topic_replication_factor=1,
         web_enabled=True,
         web_port=web_port,
-        web_bind="127.0.0.1",
+        web_bind=web_host,
         web_in_thread=False,
         consumer_auto_offset_reset="earliest",
     )
@@ -245,6 +247,8 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
                     "Serves them at http://127.0.0.1:PORT/stats and publishes them to the "
                     "compacted topic <prefix>.stats.")
     parser.add_argument("--web-port", type=int, default=6066, help="port of the JSON server")
+    parser.add_argument("--web-host", default="127.0.0.1",
+                        help="address the JSON server listens on (0.0.0.0 in a container)")
     parser.add_argument("--datadir", type=Path, default=Path(".rollstream/stats"),
                         help="faust's local state directory")
     config.add_arguments(parser)
@@ -255,7 +259,7 @@ def run(args: argparse.Namespace) -> int:
     import faust
     from confluent_kafka.admin import AdminClient
 
-    settings = config.load_resolved(args)
+    settings = with_broker(config.load(args))
     scored = settings.topics.scored
     meta = AdminClient(settings.kafka()).list_topics(scored, timeout=30).topics.get(scored)
     if meta is None or meta.error is not None:
@@ -263,6 +267,6 @@ def run(args: argparse.Namespace) -> int:
     # The tables' changelogs must have as many partitions as the topics they count.
     datadir = args.datadir / settings.prefix
     datadir.mkdir(parents=True, exist_ok=True)
-    app = build_app(settings, args.web_port, datadir, len(meta.partitions))
+    app = build_app(settings, args.web_port, datadir, len(meta.partitions), args.web_host)
     faust.Worker(app, loglevel="INFO").execute_from_commandline()
     return 0

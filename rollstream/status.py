@@ -23,6 +23,7 @@ from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from rollstream import config, kafka, metrics
+from rollstream.broker import with_broker
 from rollstream.codec import DecodeError, codec
 from rollstream.config import Settings
 from rollstream.events import POLICY_VERSION
@@ -213,7 +214,7 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    settings = config.load_resolved(args)
+    settings = with_broker(config.load(args))
     metrics.serve(settings.metrics_port)
     inspector = Inspector(settings, args.metrics_url)
     try:

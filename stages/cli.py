@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from rollstream import config
+from rollstream.broker import with_broker
 
 STAGES = {
     "init": "expand tasks into their group of episodes",
@@ -35,7 +36,7 @@ def run_stage(args: argparse.Namespace) -> int:
     from stages.run import RunStage
 
     config.log_to_stderr()
-    settings = config.load_resolved(args)
+    settings = with_broker(config.load(args))
     metrics.serve(settings.metrics_port)
     classes: dict[str, type[Stage]] = {"init": InitStage, "run": RunStage, "eval": EvalStage}
     stage = classes[args.name](settings)

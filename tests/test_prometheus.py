@@ -50,7 +50,7 @@ def test_prometheus_scrapes_every_process_of_a_pipeline(settings: Settings,
             stdout=open(tmp_path / "prometheus.log", "wb"),  # noqa: SIM115 - the process owns it
             stderr=subprocess.STDOUT)
         base = f"http://127.0.0.1:{prom_port}"
-        wait_http(f"{base}/-/ready", timeout=60, proc=prometheus)
+        wait_http(f"{base}/-/ready", timeout=120, proc=prometheus)
         procs.start("status", "status", "--watch", "--json", "--interval", "1",
                     "--bootstrap-servers", settings.bootstrap_servers,
                     "--prefix", settings.prefix, "--metrics-port", str(ports["status"]))
@@ -60,7 +60,7 @@ def test_prometheus_scrapes_every_process_of_a_pipeline(settings: Settings,
         while True:
             procs.check_alive()
             up = query(base, "up")
-            rate = query(base, "sum(rate(rollstream_episodes_total[10s]))")
+            rate = query(base, "sum(rate(rollstream_episodes_total[1m]))")
             lag = query(base, "rollstream_stage_lag_events")
             if (len(up) == len(ports) and all(r["value"][1] == "1" for r in up)
                     and rate and float(rate[0]["value"][1]) > 0 and len(lag) == 4):

@@ -8,6 +8,7 @@ import statistics
 from pathlib import Path
 
 from rollstream import config, metrics
+from rollstream.broker import with_broker
 
 
 def register_cli(sub: argparse._SubParsersAction) -> None:
@@ -77,7 +78,7 @@ def run_train(args: argparse.Namespace) -> int:
     from trainer_bridge.trainer import GRPOConfig
 
     config.log_to_stderr()
-    settings = config.load_resolved(args)
+    settings = with_broker(config.load(args))
     metrics.serve(settings.metrics_port)
     policy = GroupPolicy(normalize_std=not args.dr_grpo, max_staleness=args.max_staleness,
                          group_timeout_s=args.group_timeout, incomplete=args.incomplete,
@@ -93,7 +94,7 @@ def run_train(args: argparse.Namespace) -> int:
 def run_bridge(args: argparse.Namespace) -> int:
     from trainer_bridge.bridge import TrainerBridge
 
-    settings = config.load_resolved(args)
+    settings = with_broker(config.load(args))
     group = args.group or f"{settings.prefix}.printer"
     with TrainerBridge(settings, groups_per_batch=args.groups_per_batch, group=group) as bridge:
         for batch in bridge.batches(args.max_batches, args.idle_timeout):
