@@ -212,6 +212,33 @@ def test_memory_is_limited_for_the_whole_sandbox(sandbox_root: Path) -> None:
     assert "Killed" in result.text
 
 
+def test_disk_is_limited_for_the_whole_sandbox(sandbox_root: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("no disk quota for a non-root owner (documented); the per-file size "
+                    "limit is tested above")
+    limits = Limits(disk_mb=32, file_size_mb=512, timeout_s=30)
+    # Each file is under the file-size limit; together they are over the disk.
+    result = run(_with_sandbox(sandbox_root, lambda sandbox: sandbox.exec(
+        "for f in a b /tmp/c /tmp/d; do head -c 12000000 /dev/zero > $f || echo failed $f; "
+        "done; du -sck /testbed /tmp | tail -1"), limits))
+    assert "No space left on device" in result.text, result.text
+    assert int(result.text.split()[-2]) <= 32 * 1024
+
+
+def test_without_a_writable_cgroup_limits_fall_back_with_one_warning(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    from rollstream.sandbox import cgroups
+
+    # As for an unprivileged owner without delegation: no group can be made under this root.
+    monkeypatch.setattr(cgroups, "CGROUP_ROOT", tmp_path / "absent")
+    monkeypatch.setattr(cgroups, "_warned", False)
+    with caplog.at_level("WARNING", logger=cgroups.__name__):
+        assert cgroups.create("bw-a", 256, 64) is None
+        assert cgroups.create("bw-b", 256, 64) is None
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "per process" in warnings[0]
+
+
 def test_100_mb_of_output_is_capped_head_and_tail(sandbox_root: Path) -> None:
     result = in_sandbox(sandbox_root, "echo START; head -c 100000000 /dev/zero | tr '\\0' x; "
                                       "echo; echo END")

@@ -36,13 +36,14 @@ class SandboxError(RuntimeError):
 
 @dataclass(frozen=True)
 class Limits:
-    """Resource limits of one sandbox. Memory and file size are per process under bwrap
-    (rlimits) and for the whole container under docker (cgroup)."""
+    """Resource limits of one sandbox; the README's table says which hold for the whole
+    sandbox and which per process, under each backend."""
 
     memory_mb: int = 2048
     max_processes: int = 256
     cpus: float = 1.0  # docker only: bwrap has no CPU share, its commands are bounded by time
     file_size_mb: int = 512
+    disk_mb: int = 1024  # bwrap as root: the sandbox's files (workspace, /tmp) together
     open_files: int = 1024
     output_bytes: int = 1 << 20  # per command, head + tail
     timeout_s: float = 30.0  # per command, unless the call says otherwise

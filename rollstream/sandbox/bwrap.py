@@ -317,12 +317,30 @@ def _exit_code(status: bytes, fallback: int) -> int:
     return fallback
 
 
+_disk_warned = False
+
+
+def _mount_disk(directory: Path, disk_mb: int) -> None:
+    """A size-capped tmpfs holding everything the sandbox can write (its workspace and /tmp):
+    the disk quota. Its pages count in the sandbox's memory group, as its processes write them.
+    Where mounting is not allowed, one warning: the sandbox then has no disk quota."""
+    global _disk_warned
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={disk_mb}m,mode=0711,nosuid,nodev",
+                           "rollstream-sandbox", str(directory)], capture_output=True)
+    if done.returncode != 0 and not _disk_warned:
+        _disk_warned = True
+        log.warning("cannot mount a tmpfs for sandbox files (%s): no disk quota per sandbox",
+                    done.stderr.decode(errors="replace").strip())
+
+
 def delete_tree(path: Path) -> None:
     """Delete a sandbox's directory whatever its command left there: trees too deep for
     Python's recursive rmtree, directories made unreadable (chmod 000), millions of files.
     coreutils walk a tree iteratively. Raises SandboxError when something stays."""
     if not os.path.lexists(path):
         return
+    if os.path.ismount(path):  # a sandbox's disk: its whole tree goes with the mount
+        subprocess.run(["umount", "--lazy", str(path)], capture_output=True, check=False)
     if os.geteuid() != 0:  # root passes permission bits; the owner must first restore its own
         subprocess.run(["chmod", "-R", "u+rwx", "--", str(path)], capture_output=True,
                        check=False)
@@ -367,6 +385,8 @@ class BwrapBackend(Backend):
         lease = Lease(sandbox_id, self.name, Owner.current().label(), labels=dict(spec.labels))
         try:
             directory.mkdir(mode=0o711)
+            if self.as_root:
+                _mount_disk(directory, spec.limits.disk_mb)
             (directory / "workspace").mkdir()
             (directory / "tmp").mkdir()
             write_lease(directory, lease)  # before the uid: a claim always has its lease

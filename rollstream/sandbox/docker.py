@@ -230,7 +230,11 @@ class DockerBackend(Backend):
             container.remove(force=True)
 
     def remove(self, sandbox_id: str) -> None:
-        for container in self.client.containers.list(
-                all=True, filters={"label": f"{LABEL}={sandbox_id}"}):
-            self.remove_container(container)
+        try:
+            for container in self.client.containers.list(
+                    all=True, filters={"label": f"{LABEL}={sandbox_id}"}):
+                self.remove_container(container)
+        except _errors() as exc:  # a sweep logs it and goes on with the others
+            raise SandboxError(f"cannot remove container of sandbox {sandbox_id}: {exc}") \
+                from exc
 

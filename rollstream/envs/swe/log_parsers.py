@@ -13,15 +13,16 @@ Parser = Callable[[str], dict[str, str]]
 PASSING = frozenset({"PASSED", "XFAIL"})
 # SWE-bench's TestStatus: an XPASS line is not a status there, so it is not one here either.
 _PYTEST_STATUSES = ("FAILED", "PASSED", "SKIPPED", "ERROR", "XFAIL")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def parse_pytest(log: str) -> dict[str, str]:
     """`pytest -rA` short summary lines: `PASSED tests/a.py::test_x`,
     `FAILED tests/a.py::test_y - AssertionError: ...`. Test ids are cut as SWE-bench's own
     parser cuts them (the line's second word: `test_ids[a b]` is `test_ids[a`), so task lists
-    made by SWE-bench match."""
+    made by SWE-bench match. Colour codes are dropped first (SWE-bench's runs have none)."""
     statuses: dict[str, str] = {}
-    for line in log.split("\n"):
+    for line in _ANSI.sub("", log).split("\n"):
         if line.startswith(_PYTEST_STATUSES):
             if line.startswith("FAILED"):
                 line = line.replace(" - ", " ")
