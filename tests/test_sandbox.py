@@ -125,7 +125,9 @@ def _probe_as(prefix: list[str], root: Path) -> None:
     if os.geteuid() == 0:
         assert uid == "65534"  # really run as an unprivileged owner (bwrap in a user namespace)
     assert "hunter2-token" not in probe.stdout and "OWNER_SECRET" not in probe.stdout
-    assert str(project) not in probe.stdout  # no host path of the owner in any cmdline
+    # No host path of the owner in any cmdline or environment, but for the Python prefix the
+    # sandbox binds at its own path (on PATH): in a checkout, the project's .venv.
+    assert str(project) not in probe.stdout.replace(sys.prefix, "<python>")
     inside = dict(line.split("=", 1) for line in rest.split("ENV\n")[1].splitlines()
                   if "=" in line)
     assert set(inside) <= {"PATH", "HOME", "TMPDIR", "LANG", "TERM", "PAGER", "GIT_PAGER",

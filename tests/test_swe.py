@@ -153,7 +153,7 @@ def test_scaffold_answers_every_kind_of_bad_call_and_keeps_going(sandbox_root: P
         "unknown tool 'rm_rf'", "/testbed/tests/test_wordwrap.py", "Lines 4-6",
         "file already exists", "did not appear verbatim", "occurs 6 times",
         "insert_line 999 is out of range", "missing required argument 'path'",
-        "[exit code 3]", "timed out after 10 s", "characters omitted", "has been edited",
+        "[exit code 3]", "timed out after 1 s", "characters omitted", "has been edited",
         "Last edit to /testbed/wordwrap.py undone", "2 passed",
         "2 passed",
     ]
