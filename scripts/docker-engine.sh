@@ -33,7 +33,7 @@ mkdir -p "$STATE_DIR"
 
 if ! docker info >/dev/null 2>&1; then
     note "starting dockerd (log: $LOG)"
-    nohup dockerd --bridge=none --iptables=false --ip6tables=false >>"$LOG" 2>&1 &
+    setsid nohup dockerd --bridge=none --iptables=false --ip6tables=false >>"$LOG" 2>&1 &
     for _ in $(seq 1 60); do
         docker info >/dev/null 2>&1 && break
         sleep 1
