@@ -178,26 +178,19 @@ def build_app(settings: Settings, web_port: int, datadir: Path, partitions: int,
         except DecodeError:
             return None  # the stages dead-letter what they cannot read; nothing to count here
 
-    @app.agent(scored)
-    async def on_scored(stream: Any) -> None:
-        async for event in stream.events():
-            value = decoded("ScoredTrajectory", event.value)
-            if value is not None:
-                add(event.message.partition, scored_sums(value))
+    def counter(topic: Any, record: str, sums: Any) -> None:
+        """An agent adding `sums(event)` to the tables for every `record` event on `topic`."""
+        async def count(stream: Any) -> None:
+            async for event in stream.events():
+                value = decoded(record, event.value)
+                if value is not None:
+                    add(event.message.partition, sums(value))
 
-    @app.agent(trajectories)
-    async def on_trajectory(stream: Any) -> None:
-        async for event in stream.events():
-            value = decoded("Trajectory", event.value)
-            if value is not None:
-                add(event.message.partition, [("trajectories", value["termination"], 1.0)])
+        app.agent(topic, name=f"count-{record}")(count)
 
-    @app.agent(dlq)
-    async def on_dead_letter(stream: Any) -> None:
-        async for event in stream.events():
-            value = decoded("DeadLetter", event.value)
-            if value is not None:
-                add(event.message.partition, [("dead_letters", value["stage"], 1.0)])
+    counter(scored, "ScoredTrajectory", scored_sums)
+    counter(trajectories, "Trajectory", lambda t: [("trajectories", t["termination"], 1.0)])
+    counter(dlq, "DeadLetter", lambda d: [("dead_letters", d["stage"], 1.0)])
 
     @app.agent(policy)
     async def on_policy(stream: Any) -> None:
