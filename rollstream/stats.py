@@ -247,8 +247,13 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import faust
     from confluent_kafka.admin import AdminClient
+
+    try:
+        import faust
+    except ImportError as exc:
+        raise SystemExit("rollstream stats needs faust-streaming: pip install "
+                         "'rollstream[stats]'") from exc
 
     settings = config.load_resolved(args)
     scored = settings.topics.scored
