@@ -15,7 +15,7 @@ import pytest
 from confluent_kafka import KafkaError, TopicPartition
 
 from rollstream import kafka
-from rollstream.checkpoint import Rewind, classify
+from rollstream.checkpoint import FENCE_LIMIT, FenceCounter, IdInUse, Rewind, classify
 from rollstream.codec import codec
 from rollstream.config import Settings
 from rollstream.runtime import Output
@@ -50,6 +50,14 @@ def test_errors_are_classified() -> None:
     assert classify(KafkaError(KafkaError.INVALID_PRODUCER_EPOCH)) == "rebuild"
     assert classify(KafkaError(KafkaError._STATE, txn_requires_abort=True)) == "rebuild"
     assert classify(KafkaError(KafkaError.NOT_COORDINATOR, txn_requires_abort=True)) == "abort"
+
+
+def test_an_id_fenced_again_and_again_stops_with_a_message_saying_why() -> None:
+    fences = FenceCounter("transactional id x")
+    for _ in range(FENCE_LIMIT - 1):
+        fences.fenced("PRODUCER_FENCED")  # a broker restart or a crashed predecessor: go on
+    with pytest.raises(IdInUse, match="another live process uses the same id"):
+        fences.fenced("PRODUCER_FENCED")
 
 
 def test_a_fenced_trainer_cannot_commit_and_the_new_one_trains_each_batch_once(
