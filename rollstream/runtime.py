@@ -242,8 +242,8 @@ class StageRuntime:
             log.warning("stage %s: stopped while the cluster did not answer (%s); what was not "
                         "committed is redone by the next owner", self.stage.name, exc)
         finally:
+            close_bounded(self.consumer, CALL_TIMEOUT_S)  # leaving: a revoke commits first
             self.checkpoint.close()
-            close_bounded(self.consumer, CALL_TIMEOUT_S)
             await self.stage.close()
         log.info("stage %s stopped: %s", self.stage.name, dict(self.stats))
 
@@ -399,7 +399,7 @@ class StageRuntime:
             self._send_dead_letter(msg, dead_letter)
         try:
             records = [(out, self._encode(out)) for out in outputs]
-        except (OutputTooLarge, ValueError) as exc:  # ValueError: the codec rejected a record
+        except Exception as exc:  # too large, or the codec rejected a record
             records = []
             self._send_dead_letter(msg, self._reason(exc))
         self._produce_all(msg, records)

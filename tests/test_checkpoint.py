@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import random
+import select
 import signal
 import subprocess
 import sys
@@ -85,6 +86,7 @@ def work(bootstrap: str, prefix: str) -> None:
     with TrainerBridge(settings, groups_per_batch=1, transactional=True) as bridge:
         for step, batch in enumerate(bridge.batches(idle_timeout_s=600)):
             batch.ack([trained(settings, batch, step)])
+            print(step, flush=True)  # the test kills it once it has committed
 
 
 @pytest.mark.slow
@@ -95,14 +97,15 @@ def test_a_trainer_killed_mid_commit_trains_each_batch_once(settings: Settings) 
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
     rng = random.Random(7)
     for _ in range(3):
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)
-        time.sleep(rng.uniform(2.0, 4.0))  # started and committing; most of its time is commits
-        assert proc.poll() is None
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        assert proc.stdout is not None
+        ready, _, _ = select.select([proc.stdout], [], [], 120)
+        assert ready and proc.stdout.readline(), "the trainer committed nothing"
+        time.sleep(rng.uniform(0.0, 0.5))  # committing; most of its time is spent in commits
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
-    before = len(trained_episodes(settings))
-    assert 0 < before < 2 * TASKS, "the kills did not land while work was going on"
+    done = len(trained_episodes(settings))
+    assert done < 2 * TASKS, "the kills came after the work was done"
 
     with TrainerBridge(replace(settings, instance_id="trainer-k"), groups_per_batch=1,
                        transactional=True) as bridge:
