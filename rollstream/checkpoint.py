@@ -56,7 +56,8 @@ _FENCED = {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PR
            KafkaError.INVALID_TXN_STATE, KafkaError._STATE, KafkaError._FATAL}
 
 # Errors about one record, not the producer: that record is refused, the transaction goes on.
-_REFUSED = {KafkaError.MSG_SIZE_TOO_LARGE,
+_REFUSED = {KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE,
+            KafkaError.POLICY_VIOLATION,
             KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION, KafkaError._INVALID_ARG,
             KafkaError.INVALID_RECORD}
 
@@ -130,6 +131,8 @@ class Checkpoint:
         self.rewinds = 0
         self.producer: Producer | None = None
         self._abandoned: list[Producer] = []  # kept alive while their stuck calls run
+        # (topic, key, error) of records the broker refused since the caller last looked.
+        self.refused: list[tuple[str, bytes | None, KafkaError]] = []
 
     def open(self) -> None:
         """Initialize the transactional producer: waits (bounded by the caller's deadline) for
@@ -243,9 +246,18 @@ class Checkpoint:
                           KafkaError.INVALID_PRODUCER_EPOCH):
             self.fences.fenced(err)
 
+    def _producer(self) -> Producer:
+        return kafka.producer(self.settings, self.transactional_id, on_delivery=self._delivered)
+
+    def _delivered(self, err: KafkaError | None, msg: Any) -> None:
+        """Delivery report: a record the broker refused (e.g. over a topic's actual limit) is
+        remembered, so the caller can tell which input's output failed its transaction."""
+        if err is not None and err.code() in _REFUSED:
+            self.refused.append((msg.topic(), msg.key(), err))
+
     def _new_producer(self) -> Producer:
         """A producer with our transactional id, initialized (which fences older holders)."""
-        producer = kafka.producer(self.settings, self.transactional_id)
+        producer = self._producer()
         started = time.monotonic()
         while True:
             try:
@@ -255,7 +267,7 @@ class Checkpoint:
             except KafkaException as exc:
                 err = exc.args[0]
                 if err.code() == KafkaError._FATAL and self.producer is None:
-                    producer = kafka.producer(self.settings, self.transactional_id)
+                    producer = self._producer()
                 elif classify(err) != "retry":
                     raise
                 if self._expired(started, None):
@@ -353,11 +365,13 @@ def close_bounded(client: Producer | Consumer, timeout_s: float) -> bool:
     """Flush a producer or close a consumer, giving up after timeout_s (a cluster that does not
     answer must not keep a stopping process alive). True when it finished in time."""
     def close() -> None:
-        with _suppress_kafka():
+        try:
             if isinstance(client, Consumer):
                 client.close()
             else:
                 client.flush(timeout_s)
+        except Exception as exc:  # noqa: BLE001 - a client that failed has nothing left to lose
+            log.info("closing a Kafka client: %s", exc)
 
     thread = threading.Thread(target=close, name="kafka-close", daemon=True)
     thread.start()
