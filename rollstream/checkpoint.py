@@ -39,6 +39,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from rollstream import kafka
+from rollstream.codec import headers_for
 from rollstream.config import Settings
 
 log = logging.getLogger("rollstream.checkpoint")
@@ -165,7 +166,7 @@ class Checkpoint:
         part = -1 if partition is None else partition
         try:
             try:
-                self.producer.produce(topic, value, key, part)
+                self.producer.produce(topic, value, key, part, headers=headers_for(value))
             except BufferError:  # local queue full: wait for room (backpressure)
                 kafka.produce(self.producer, topic, value, key, partition)
         except KafkaException as exc:

@@ -14,8 +14,9 @@ from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, C
 from rollstream import kafka
 from rollstream.codec import codec
 from rollstream.config import Settings
+from rollstream.graph import MIB
 from rollstream.runtime import EventContext, Output, Stage, StageRuntime
-from rollstream.topics import MIB, record_limits
+from rollstream.topics import record_limits
 from tests.test_runtime import policy_event, run_until
 
 

@@ -1,0 +1,158 @@
+"""mini-swe-agent, installed from its package index and unmodified, plays the shipped SWE tasks
+through RUN's gateway, end to end on the real broker (INIT, RUN, EVAL and the policy server as
+separate processes). The policy is the scripted one answering in mini-swe-agent's format with
+each task's gold patch, so every task must be resolved; every LLM call the harness makes is a
+Turn; the scored trajectories train in the trainer like any others; and a RUN process killed
+mid-episode neither loses nor duplicates the episode: the episode restarts cleanly in the RUN
+that takes over and is scored once.
+
+ROLLSTREAM_MINI_SWE_TASKS sets how many shipped tasks the first test runs (default 2; 26 is the
+whole set).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from confluent_kafka import TopicPartition
+
+from producers.publish import load_tasks, publish, validate_task
+from rollstream import kafka
+from rollstream.codec import codec
+from rollstream.config import Settings
+from rollstream.envs import mini_swe_agent
+from rollstream.processes import ProcessGroup, free_port, wait_http
+from tests.sandbox_helpers import needs_bwrap, sandbox_root
+from tests.test_swe_pipeline import SHIPPED, scored
+
+__all__ = ["sandbox_root"]
+
+ROOT = Path(__file__).resolve().parent.parent
+HARNESS_BIN = Path(os.environ.get("ROLLSTREAM_HARNESS_BIN",
+                                  ROOT / ".rollstream" / "harness-venv" / "bin"))
+needs_mini = pytest.mark.skipif(
+    not (HARNESS_BIN / "mini").exists(),
+    reason=f"mini-swe-agent is not installed at {HARNESS_BIN} (`make harness-deps`); "
+           "test_harness_env.py covers the harness environment with plain HTTP harnesses")
+pytestmark = [needs_bwrap, needs_mini, pytest.mark.slow]
+
+COUNT = int(os.environ.get("ROLLSTREAM_MINI_SWE_TASKS", "2"))
+
+
+def harness_tasks(count: int) -> list[dict]:
+    tasks = []
+    for i, task in enumerate(load_tasks(SHIPPED, "swe-bench")[:count]):
+        task = mini_swe_agent.harness_task(task, mini_swe_agent.harness(wall_clock_s=300))
+        tasks.append(validate_task({**task, "group_size": 1, "max_turns": 6, "sampling": {
+            **task["sampling"], "max_tokens": 4096, "seed": i}}))
+    return tasks
+
+
+class Pipeline:
+    """The policy server and one process per stage, RUN with mini-swe-agent on its PATH."""
+
+    def __init__(self, settings: Settings, tmp: Path, tasks: list[dict]) -> None:
+        self.settings, self.tasks = settings, tasks
+        self.procs = ProcessGroup(tmp / "logs")
+        scripts = tmp / "scripts.jsonl"
+        scripts.write_text("".join(json.dumps(s) + "\n"
+                                   for s in mini_swe_agent.gold_scripts(tasks)))
+        port = free_port()
+        self.common = ["--bootstrap-servers", settings.bootstrap_servers,
+                       "--prefix", settings.prefix, "--policy-url", f"http://127.0.0.1:{port}",
+                       "--commit-interval-ms", "100"]
+        self.run_env = {"PATH": f"{HARNESS_BIN}:{os.environ['PATH']}"}
+        server = self.procs.start("policy", "serve-scripted", "--script", str(scripts),
+                                  "--port", str(port))
+        for stage in ("init", "run", "eval"):
+            self.procs.start(stage, "stage", stage, *self.common,
+                             env=self.run_env if stage == "run" else None)
+        wait_http(f"http://127.0.0.1:{port}/health", proc=server, timeout=120)
+        publish(settings, tasks)
+
+    def wait_scored(self, timeout_s: float = 300) -> list[dict]:
+        deadline = time.monotonic() + timeout_s
+        events = scored(self.settings)
+        while len(events) < len(self.tasks):
+            assert time.monotonic() < deadline, f"{len(events)}/{len(self.tasks)} scored in time"
+            self.procs.check_alive()
+            time.sleep(1.0)
+            events = scored(self.settings)
+        time.sleep(2.0)  # nothing more may come: a duplicate would show now
+        return scored(self.settings)
+
+
+def checkpoints(settings: Settings) -> list[dict]:
+    tps = [TopicPartition(settings.topics.episode_state, p, 0)
+           for p in range(settings.partitions)]
+    return [codec().decode_as("Trajectory", m.value())
+            for m in kafka.read_partitions(settings, tps) if m.value() is not None]
+
+
+def assert_resolved_through_the_harness(events: list[dict], tasks: list[dict]) -> None:
+    assert sorted(e["trajectory"]["task"]["task_id"] for e in events) == sorted(
+        t["task_id"] for t in tasks)  # each exactly once
+    for event in events:
+        trajectory = event["trajectory"]
+        assert (event["reward"], event["failure_class"]) == (1.0, "ok"), event["verifier"]
+        state = json.loads(trajectory["env_state"])
+        assert state["harness"]["returncode"] == 0, state["harness"]["output_tail"]
+        # Every call mini-swe-agent made is a turn: look, apply the patch, submit.
+        turns = trajectory["turns"]
+        assert [json.loads(t["tool_call"])[0]["name"] for t in turns] == ["bash"] * 3
+        assert "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT" in turns[-1]["tool_call"]
+        assert not any(t["new_sample"] for t in turns)  # one token-exact sample
+        assert all(t["policy_version"] == 0 for t in turns)
+        assert "<returncode>0</returncode>" in turns[1]["observation"]  # the patch applied
+
+
+def test_mini_swe_agent_resolves_the_shipped_tasks_and_they_train(
+        settings: Settings, tmp_path: Path, sandbox_root: Path) -> None:
+    tasks = harness_tasks(COUNT)
+    pipeline = Pipeline(settings, tmp_path, tasks)
+    try:
+        events = pipeline.wait_scored()
+    finally:
+        pipeline.procs.stop_all()
+    assert_resolved_through_the_harness(events, tasks)
+    assert all(json.loads(e["trajectory"]["env_state"])["restarts"] == 0 for e in events)
+    # The reference trainer takes them like any scored trajectories: one step, one version.
+    train = subprocess.run(
+        [sys.executable, "-m", "rollstream.cli", "train", "--bootstrap-servers",
+         settings.bootstrap_servers, "--prefix", settings.prefix, "--checkpoint-dir",
+         str(tmp_path / "ckpt"), "--groups-per-batch", str(COUNT), "--keep-zero-variance",
+         "--max-steps", "1", "--idle-timeout", "20"],
+        capture_output=True, text=True, timeout=240)
+    assert train.returncode == 0, train.stderr[-3000:]
+    versions = [codec().decode_as("PolicyVersion", m.value()) for m in kafka.read_partitions(
+        settings, [TopicPartition(settings.topics.policy, 0, 0)])]  # one partition: in order
+    assert [v["version"] for v in versions] == [1]
+    assert list((tmp_path / "ckpt").glob("policy-v1*"))
+
+
+def test_a_run_killed_mid_episode_restarts_it_cleanly_and_counts_it_once(
+        settings: Settings, tmp_path: Path, sandbox_root: Path) -> None:
+    tasks = harness_tasks(2)
+    pipeline = Pipeline(settings, tmp_path, tasks)
+    try:
+        deadline = time.monotonic() + 180
+        while not (seen := checkpoints(settings)):  # a call recorded, the episode unfinished
+            assert time.monotonic() < deadline, "no checkpoint in time"
+            pipeline.procs.check_alive()
+            time.sleep(0.2)
+        pipeline.procs.kill("run")
+        pipeline.procs.start("run2", "stage", "run", *pipeline.common, env=pipeline.run_env)
+        events = pipeline.wait_scored()
+    finally:
+        pipeline.procs.stop_all()
+    assert_resolved_through_the_harness(events, tasks)  # none lost, none twice
+    restarted = {e["trajectory"]["episode_id"]: json.loads(e["trajectory"]["env_state"])[
+        "restarts"] for e in events}
+    for checkpoint in seen:
+        assert restarted[checkpoint["episode_id"]] == 1  # its calls dropped, played again
