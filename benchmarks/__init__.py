@@ -21,7 +21,7 @@ import numpy as np
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 # Benchmark modules in the order `python -m benchmarks` runs them.
-BENCHMARKS = ("codec", "passthrough", "saturation", "bridge", "sandbox")
+BENCHMARKS = ("codec", "passthrough", "saturation", "bridge", "sandbox", "gateway")
 
 
 def _version(dist: str) -> str | None:

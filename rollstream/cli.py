@@ -18,6 +18,7 @@ FEATURE_MODULES = [
     "rollstream.controller",
     "producers.cli",
     "rollstream.envs.cli",
+    "rollstream.gateway.cli",
     "rollstream.sandbox.cli",
     "rollstream.demo",
 ]
