@@ -151,3 +151,23 @@ def test_a_bad_harness_object_is_named(harness: object, message: str) -> None:
     with pytest.raises(InvalidTask, match=message.replace(".", r"\.")):
         HarnessEnv().validate_task({**task, "env": "harness", "data": json.dumps(data)})
     assert HarnessSpec.from_task(harness_task(task, {"command": "x"})).command == "x"
+
+
+def test_harness_tasks_command_writes_publishable_tasks(tmp_path: Path) -> None:
+    from rollstream.cli import main
+
+    out, scripts = tmp_path / "tasks.jsonl", tmp_path / "gold.jsonl"
+    assert main(["harness-tasks", str(SHIPPED), "-o", str(out), "--max-turns", "7",
+                 "--max-total-tokens", "50000", "--gold-scripts", str(scripts)]) == 0
+    tasks = load_tasks(out)  # what `rollstream publish` reads
+    assert len(tasks) == 26 and {t["env"] for t in tasks} == {"harness"}
+    spec = HarnessSpec.from_task(tasks[0])
+    assert spec.command.startswith("mini ") and spec.max_total_tokens == 50000
+    assert tasks[0]["max_turns"] == 7
+    gold = [json.loads(line) for line in scripts.read_text().splitlines()]
+    assert [g["match"] for g in gold] == [
+        json.loads(t["data"])["problem_statement"].strip() for t in tasks]
+    assert all("git apply" in g["completions"][1] for g in gold)
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"command": ""}')
+    assert main(["harness-tasks", str(SHIPPED), "-o", str(out), "--harness", str(bad)]) == 2

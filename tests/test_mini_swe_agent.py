@@ -74,11 +74,16 @@ class Pipeline:
         self.run_env = {"PATH": f"{HARNESS_BIN}:{os.environ['PATH']}"}
         server = self.procs.start("policy", "serve-scripted", "--script", str(scripts),
                                   "--port", str(port))
-        for stage in ("init", "run", "eval"):
-            self.procs.start(stage, "stage", stage, *self.common,
-                             env=self.run_env if stage == "run" else None)
+        self.procs.start("init", "stage", "init", *self.common)
+        self.start_run("run")
+        self.procs.start("eval", "stage", "eval", *self.common)
         wait_http(f"http://127.0.0.1:{port}/health", proc=server, timeout=120)
         publish(settings, tasks)
+
+    def start_run(self, name: str) -> None:
+        # A few harnesses at a time: each mini-swe-agent start costs seconds of CPU.
+        self.procs.start(name, "stage", "run", *self.common, "--max-in-flight", "4",
+                         env=self.run_env)
 
     def wait_scored(self) -> list[dict]:
         deadline = time.monotonic() + 300 + 60 * self.episodes
@@ -127,7 +132,7 @@ def test_mini_swe_agent_resolves_tasks_survives_a_killed_run_and_trains(
             pipeline.procs.check_alive()
             time.sleep(0.2)
         pipeline.procs.kill("run")
-        pipeline.procs.start("run2", "stage", "run", *pipeline.common, env=pipeline.run_env)
+        pipeline.start_run("run2")
         events = pipeline.wait_scored()
     finally:
         pipeline.procs.stop_all()
