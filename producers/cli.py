@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from rollstream import config
+from rollstream.broker import with_broker
 
 
 def parse_time_ms(text: str) -> int:
@@ -29,14 +30,14 @@ def run_publish(args: argparse.Namespace) -> int:
     from producers.publish import TaskFileError, load_tasks, publish
 
     try:
-        tasks = load_tasks(args.file, args.format)
+        tasks = load_tasks(args.file, args.format, config.load(args))
     except (TaskFileError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.dry_run:
         print(f"{len(tasks)} tasks valid in {args.file} (dry run: nothing sent)")
         return 0
-    settings = config.load_resolved(args)
+    settings = with_broker(config.load(args))
     sent = publish(settings, tasks)
     print(f"sent {sent} tasks to {settings.topics.tasks}")
     return 0
@@ -47,7 +48,7 @@ def run_replay(args: argparse.Namespace) -> int:
 
     try:
         count = replay(
-            config.load_resolved(args),
+            with_broker(config.load(args)),
             args.topic,
             start_offset=args.from_offset,
             end_offset=args.to_offset,
@@ -77,7 +78,9 @@ def register_cli(sub: Any) -> None:
         help="validate a task file and send it to <prefix>.tasks",
         description="Validate every task in FILE (JSON syntax, the Task schema, a known env) and "
         "only then send them all, keyed by task_id, in one Kafka transaction: all or nothing. "
-        "A bad line is reported as FILE:LINE: field ... and exits with status 2.",
+        "Bounds are checked too (group_size, max_turns, sampling parameters, prompt and episode "
+        "size; limits in the --max-* settings). A bad line is reported as FILE:LINE: field ... "
+        "and exits with status 2.",
     )
     p.add_argument("file", metavar="FILE.jsonl", help="one Task JSON object per line")
     p.add_argument(

@@ -15,10 +15,12 @@ from typing import Any
 
 from fastavro.validation import ValidationError, validate
 
+from rollstream.bounds import check_task
 from rollstream.codec import codec
 from rollstream.config import Settings
 from rollstream.envs.registry import UnknownEnv, get_env
 from rollstream.envs.swe import sources as swe_sources
+from rollstream.events import TASK
 from rollstream.kafka import process_id, produce, producer
 
 
@@ -115,7 +117,7 @@ def _field_paths(schema: dict, named: dict[str, Any], path: str = "") -> dict[st
     paths = {schema["name"]: path}
     for f in schema["fields"]:
         if _record_fields(f["type"], named) is not None:
-            inner = named.get(f["type"], f["type"])
+            inner = named.get(f["type"], f["type"]) if isinstance(f["type"], str) else f["type"]
             paths.update(_field_paths(inner, named, f"{path}{f['name']}."))
     return paths
 
@@ -157,24 +159,27 @@ def _check_env(name: str, known: set[str]) -> None:
     known.add(name)
 
 
-def validate_task(item: dict[str, Any], known_envs: set[str] | None = None) -> dict[str, Any]:
-    """A complete Task (defaults filled, data as a JSON string); ValueError names the bad field."""
-    schema = codec().schemas["Task"]
+def validate_task(item: dict[str, Any], known_envs: set[str] | None = None,
+                  settings: Settings | None = None) -> dict[str, Any]:
+    """A complete Task (defaults filled, data as a JSON string); ValueError names the bad field.
+
+    Beyond the schema, the task must meet the bounds of `settings` (rollstream.bounds; the
+    default settings when None), the same check INIT applies.
+    """
+    schema = codec().schemas[TASK]
     task = _fill_defaults(schema["fields"], schema["__named_schemas"], item)
     if "data" in item:
         task["data"] = _normalize_data(item["data"])
     _check_types(schema, task)
-    if not task["task_id"]:
-        raise ValueError("field 'task_id': must not be empty")
-    for name in ("group_size", "max_turns"):  # zero would silently yield no episodes/turns
-        if task[name] < 1:
-            raise ValueError(f"field '{name}': must be at least 1, got {task[name]}")
+    check_task(task, settings or Settings())
     _check_env(task["env"], set() if known_envs is None else known_envs)
     return task
 
 
-def load_tasks(path: str | Path, fmt: str = "rollstream") -> list[dict[str, Any]]:
-    """Read and validate every task in `path`; raises TaskFileError at the first bad one."""
+def load_tasks(path: str | Path, fmt: str = "rollstream",
+               settings: Settings | None = None) -> list[dict[str, Any]]:
+    """Read and validate every task in `path` (against the bounds of `settings`); raises
+    TaskFileError at the first bad one."""
     if fmt not in FORMATS:
         raise TaskFileError(f"unknown task format {fmt!r}; known: {', '.join(FORMATS)}")
     tasks: list[dict[str, Any]] = []
@@ -182,7 +187,7 @@ def load_tasks(path: str | Path, fmt: str = "rollstream") -> list[dict[str, Any]
     known_envs: set[str] = set()
     for where, item in FORMATS[fmt](Path(path)):
         try:
-            task = validate_task(item, known_envs)
+            task = validate_task(item, known_envs, settings)
         except ValueError as exc:
             raise TaskFileError(f"{where}: {exc}") from None
         # Episode ids derive from task ids, so a duplicate would collide downstream.
@@ -201,7 +206,7 @@ def publish(settings: Settings, tasks: list[dict[str, Any]]) -> int:
     topic = settings.topics.tasks
     now_ms = int(time.time() * 1000)
     values = [
-        codec().encode("Task", {**t, "created_at_ms": t["created_at_ms"] or now_ms}) for t in tasks
+        codec().encode(TASK, {**t, "created_at_ms": t["created_at_ms"] or now_ms}) for t in tasks
     ]
     p = producer(settings, process_id(settings, "publish"))
     # The topic must exist, or the send would only fail at commit, after a delivery timeout.

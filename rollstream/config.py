@@ -14,40 +14,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-
-@dataclass(frozen=True)
-class Topics:
-    """The topic graph, all names under one prefix."""
-
-    prefix: str = "rollstream"
-
-    @cached_property
-    def tasks(self) -> str:
-        return f"{self.prefix}.tasks"
-
-    @cached_property
-    def episodes(self) -> str:
-        return f"{self.prefix}.episodes"
-
-    @cached_property
-    def episode_state(self) -> str:
-        return f"{self.prefix}.episode-state"
-
-    @cached_property
-    def trajectories(self) -> str:
-        return f"{self.prefix}.trajectories"
-
-    @cached_property
-    def scored(self) -> str:
-        return f"{self.prefix}.scored"
-
-    @cached_property
-    def policy(self) -> str:
-        return f"{self.prefix}.policy"
-
-    @cached_property
-    def dlq(self) -> str:
-        return f"{self.prefix}.dlq"
+from rollstream.graph import Topics
 
 
 @dataclass(frozen=True)
@@ -92,6 +59,11 @@ class Settings:
     health_interval_s: float = field(
         default=2.0, metadata={"help": "how often inference servers' health and load are read"}
     )
+    metrics_port: int = field(
+        default=0,
+        metadata={"help": "serve Prometheus metrics on this port at /metrics (long-running "
+                          "processes); 0: off"},
+    )
     tokenizer_path: str = field(
         default="",
         metadata={"help": "local Hugging Face tokenizer directory whose chat template RUN "
@@ -101,6 +73,42 @@ class Settings:
         default=0,
         metadata={"help": "port of RUN's OpenAI-compatible gateway for harness episodes, on "
                           "127.0.0.1 (0: a free port)"},
+    )
+    chat_template: str = field(
+        default="",
+        metadata={"help": "a Jinja chat template file used instead of the tokenizer's (e.g. "
+                          "one that keeps earlier reasoning: rollstream/policy/templates/)"},
+    )
+    chat_template_kwargs: str = field(
+        default="",
+        metadata={"help": 'JSON object passed to the chat template, e.g. '
+                          '\'{"enable_thinking": false}\''},
+    )
+    # Bounds at the door (rollstream.bounds): checked by `publish`, INIT and RUN.
+    max_group_size: int = field(
+        default=1024, metadata={"help": "largest group_size a task may ask for"}
+    )
+    max_turns_per_episode: int = field(
+        default=256, metadata={"help": "largest max_turns a task may ask for"}
+    )
+    max_tokens_per_turn: int = field(
+        default=32768, metadata={"help": "largest sampling.max_tokens a task may ask for"}
+    )
+    max_episode_tokens: int = field(
+        default=1 << 20,
+        metadata={"help": "largest max_turns x sampling.max_tokens: the worst-case trajectory "
+                          "must fit the trajectories topic"},
+    )
+    max_prompt_bytes: int = field(
+        default=1 << 20, metadata={"help": "largest task prompt, UTF-8 bytes"}
+    )
+    max_task_id_bytes: int = field(
+        default=512, metadata={"help": "longest task_id, UTF-8 bytes (it keys every event)"}
+    )
+    dedup_window: int = field(
+        default=100_000,
+        metadata={"help": "ids INIT and EVAL remember per input partition to drop duplicates "
+                          "(rollstream.dedup)"},
     )
 
     @cached_property
@@ -176,15 +184,6 @@ def load(args: argparse.Namespace | None = None, **overrides: Any) -> Settings:
                 values[f.name] = flag
     values.update(overrides)
     return replace(settings, **values)
-
-
-def load_resolved(args: argparse.Namespace) -> Settings:
-    """Settings for a command that talks to Kafka: the broker address resolved (the bundled
-    broker is started when nothing is configured)."""
-    from rollstream.broker.local import resolve_bootstrap
-
-    settings = load(args)
-    return replace(settings, bootstrap_servers=resolve_bootstrap(settings.bootstrap_servers))
 
 
 def log_to_stderr() -> None:

@@ -11,6 +11,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
+from rollstream.codec import headers_for
 from rollstream.config import Settings
 
 
@@ -53,6 +54,8 @@ def producer(settings: Settings, transactional_id: str | None = None, **extra: A
         "compression.type": "lz4",
         "message.max.bytes": 16 * 1024 * 1024,
         "enable.idempotence": True,
+        # Java's partitioner: a key lands on the same partition as from a Java or Streams client.
+        "partitioner": "murmur2_random",
     }
     if transactional_id:
         conf["transactional.id"] = transactional_id
@@ -69,7 +72,7 @@ def produce(p: Producer, topic: str, value: bytes | None, key: str | bytes | Non
     part = -1 if partition is None else partition  # -1: let the partitioner choose
     while True:
         try:
-            p.produce(topic, value, key, part)
+            p.produce(topic, value, key, part, headers=headers_for(value))
             return
         except BufferError:
             p.poll(0.05)

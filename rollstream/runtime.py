@@ -11,8 +11,19 @@ work around it:
   (see offsets.py);
 - events that cannot be decoded or are invalid go to the dead-letter topic with their reason
   and source coordinates, in the same transaction; the stage keeps going;
-- SIGTERM/SIGINT: stop taking events, let in-flight ones finish (up to a drain timeout), commit,
-  leave the group.
+- poison outputs cannot stop a partition: each output is encoded and its size checked against
+  its topic's max.message.bytes before anything is produced, and an output the client refuses
+  dead-letters its input (reason kept) instead of failing the transaction; a dead letter too
+  large for its topic keeps its coordinates and reason, its original bytes cut and marked so;
+- the transaction is `rollstream.checkpoint.Checkpoint`, which classifies every Kafka error:
+  retriable ones are retried (bounded), abortable ones abort, fenced or fatal ones rebuild the
+  producer; either way the runtime rewinds to the committed offsets and redoes what was not
+  committed. A consumer that hits a fatal error (e.g. a static member fenced after a broker
+  restart) is rebuilt and rejoins; an id that another live process keeps fencing stops the
+  process with a message saying so (`IdInUse`);
+- SIGTERM/SIGINT: stop taking events, let in-flight ones finish, commit, leave the group, all
+  within the drain timeout: every blocking Kafka call is bounded (see checkpoint.py), so a
+  cluster that does not answer cannot keep the process alive.
 """
 
 from __future__ import annotations
@@ -31,12 +42,25 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from rollstream import kafka
+from rollstream import kafka, metrics
+from rollstream.checkpoint import (
+    CALL_TIMEOUT_S,
+    Checkpoint,
+    FenceCounter,
+    IdInUse,
+    Interrupt,
+    RecordRefused,
+    Rewind,
+    Stopped,
+    close_bounded,
+)
 from rollstream.codec import DecodeError, codec
 from rollstream.config import Settings, Topics
+from rollstream.events import DEAD_LETTER
 from rollstream.offsets import PartitionProgress, decode_done
+from rollstream.topics import record_limits
 
 log = logging.getLogger("rollstream.runtime")
 
@@ -46,6 +70,10 @@ IDLE_COMMIT_MS = 20  # earliest commit after the last one when no more input is 
 
 class InvalidEvent(ValueError):
     """A decodable event this stage cannot accept; it goes to the dead-letter topic."""
+
+
+class OutputTooLarge(InvalidEvent):
+    """An output over its topic's size limit: its input goes to the dead-letter topic."""
 
 
 @dataclass(slots=True)
@@ -69,17 +97,37 @@ class EventContext:
     emit: Callable[[Output], None]
 
 
-def dead_letter(topics: Topics, stage: str, msg: Message, reason: str) -> Output:
-    """The dead-letter record for an input event: reason, coordinates and the original bytes."""
-    return Output(topics.dlq, msg.key() or b"", "DeadLetter", {
+DEAD_LETTER_ROOM = 64 * 1024  # bytes kept free in a dead letter for everything but key and value
+
+
+def dead_letter(topics: Topics, stage: str, msg: Message, reason: str,
+                limit: int | None = None) -> Output:
+    """The dead-letter record for an input event: reason, coordinates and the original bytes.
+
+    With `limit` (the dead-letter topic's record limit), key and value are cut so the record
+    fits, and `truncated_from` says how many bytes they had: never dropped for its size."""
+    key, value = msg.key() or b"", msg.value()
+    if isinstance(key, str):
+        key = key.encode()
+    size = len(key) + len(value or b"")
+    truncated_from = None
+    # The key travels twice: as the record's key and in its field.
+    if limit is not None and size + len(key) > limit - DEAD_LETTER_ROOM:
+        truncated_from = size
+        room = max(limit - DEAD_LETTER_ROOM, 0)
+        key = key[: min(len(key), room // 4)]
+        value = None if value is None else value[: room - 2 * len(key)]
+        reason = f"{reason} [key and value truncated from {size} bytes]"
+    return Output(topics.dlq, key, DEAD_LETTER, {
         "stage": stage,
         "reason": reason,
         "source_topic": msg.topic(),
         "source_partition": msg.partition(),
         "source_offset": msg.offset(),
-        "key": msg.key(),
-        "value": msg.value(),
+        "key": key,
+        "value": value,
         "failed_at_ms": int(time.time() * 1000),
+        "truncated_from": truncated_from,
     })
 
 
@@ -126,12 +174,16 @@ class StageRuntime:
         self.stage = stage
         self.settings = settings
         self.topic = stage.input_topic()
-        self.group = f"{settings.prefix}.{stage.name}"
+        self.group = settings.topics.group(stage.name)
         self.drain_timeout_s = drain_timeout_s
-        self.consumer = kafka.consumer(settings, self.group)
-        self.producer = kafka.producer(settings, kafka.process_id(settings, self.group))
+        self.checkpoint = Checkpoint(settings, kafka.process_id(settings, self.group),
+                                     deadline=self._deadline)
+        self.consumer = self._new_consumer()
         self.codec = codec()
         self.stats: Counter[str] = Counter()
+        self.metrics = metrics.for_stage(stage.name)
+        self._limits = record_limits(settings.topics)
+        self._dlq_limit = self._limits.get(settings.topics.dlq)
         self._async = inspect.iscoroutinefunction(stage.handle)
         record = stage.input_record
         self._decode: Callable[[bytes | None], Any] = (
@@ -140,8 +192,11 @@ class StageRuntime:
         self._progress: dict[int, PartitionProgress] = {}
         self._tasks: dict[asyncio.Task, tuple[int, Message]] = {}
         self._paused: set[int] = set()
-        self._in_txn = False
+        self._consumer_fences = FenceCounter(f"consumer of group {self.group}")
+        self._consumer_failed: KafkaError | None = None
+        self._needs_rewind = False
         self._stopping = False
+        self._stop_at: float | None = None
         self._idle = True
         self._last_commit = time.monotonic()
         self._last_report = time.monotonic()
@@ -152,30 +207,58 @@ class StageRuntime:
         asyncio.run(self.serve())
 
     def stop(self) -> None:
-        self._stopping = True
+        if not self._stopping:
+            self._stopping = True
+            self._stop_at = time.monotonic()
+
+    def _deadline(self) -> float | None:
+        """When blocking Kafka work gives up: the drain timeout after a stop request, plus one
+        bounded call for the last commit."""
+        if self._stop_at is None:
+            return None
+        return self._stop_at + self.drain_timeout_s + CALL_TIMEOUT_S
+
+    def _install_signal_handlers(self) -> None:
+        # A plain handler, not loop.add_signal_handler: it runs between two bounded Kafka calls
+        # even while the loop is blocked in a commit that retries, so the deadline starts then.
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(ValueError):  # not the main thread (tests use threads)
+                signal.signal(sig, lambda *_: self.stop())
 
     async def serve(self) -> None:
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            # Not possible off the main thread (tests drive the runtime from a thread).
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.add_signal_handler(sig, self.stop)
+        self._install_signal_handlers()
         await self.stage.start()
         try:
-            self.producer.init_transactions(60)
-            self.consumer.subscribe([self.topic], on_assign=self._on_assign,
-                                    on_revoke=self._on_revoke, on_lost=self._on_lost)
+            self.checkpoint.open()
+            self._subscribe()
             log.info("stage %s: consuming %s as group %s", self.stage.name, self.topic, self.group)
             while not self._stopping:
-                self._poll()
-                await self._wait()
-                self._reap()
-                self._maybe_commit()
+                try:
+                    await self._step()
+                except Rewind:
+                    self._rewind()
             await self._drain()
+        except IdInUse as exc:
+            raise SystemExit(f"stage {self.stage.name}: {exc}") from exc
+        except Stopped as exc:
+            log.warning("stage %s: stopped while the cluster did not answer (%s); what was not "
+                        "committed is redone by the next owner", self.stage.name, exc)
         finally:
-            self.consumer.close()
+            self.checkpoint.close()
+            close_bounded(self.consumer, CALL_TIMEOUT_S)
             await self.stage.close()
         log.info("stage %s stopped: %s", self.stage.name, dict(self.stats))
+
+    async def _step(self) -> None:
+        self._poll()
+        if self._consumer_failed is not None:
+            self._rebuild_consumer(self._consumer_failed)
+            return
+        if self._needs_rewind:
+            raise Rewind("partitions lost or a commit failed in a rebalance")
+        await self._wait()
+        self._reap()
+        self._maybe_commit()
 
     # -- the loop ----------------------------------------------------------------------------
 
@@ -187,6 +270,7 @@ class StageRuntime:
         if room is not None:
             free = min(free, room)
         self._apply_backpressure(free)
+        self.metrics.in_flight(len(self._tasks))
         if free <= 0:
             self.consumer.poll(0)  # keep the group session alive while paused
             return
@@ -199,6 +283,8 @@ class StageRuntime:
         limit = min(free, MAX_BATCH)
         msgs = [first, *self.consumer.consume(limit - 1, timeout=0)] if limit > 1 else [first]
         self._idle = len(msgs) < limit
+        if self._needs_rewind or self._consumer_failed is not None:
+            return  # a callback in this poll threw away the state these events need
         if not self._async:
             self._run_sync(msgs)
             return
@@ -207,7 +293,7 @@ class StageRuntime:
 
     def _run_sync(self, msgs: list[Message]) -> None:
         """Sync stages: each event is handled and its outputs produced at once (the hot path)."""
-        decode, handle, emit = self._decode, self.stage.handle, self._emit
+        decode, handle, encode = self._decode, self.stage.handle, self._encode
         handled = 0
         for msg in msgs:
             progress = self._accept(msg)
@@ -215,15 +301,22 @@ class StageRuntime:
                 continue
             offset = msg.offset()
             try:
-                outputs = handle(decode(msg.value()), EventContext(msg.partition(), offset, emit))
+                outputs = handle(decode(msg.value()),
+                                 EventContext(msg.partition(), offset, self._emit))
+                # Encoded (and size-checked) before any is produced: an output that cannot be
+                # produced dead-letters its input instead of poisoning the transaction.
+                records = [(out, encode(out)) for out in outputs]
+            except Interrupt:
+                raise
             except Exception as exc:
-                outputs = []
+                records = []
                 self._send_dead_letter(msg, self._reason(exc))
-            for out in outputs:
-                emit(out)
+            self._produce_all(msg, records)
             progress.passed(offset)
             handled += 1
         self.stats["processed"] += handled
+        self.metrics.consumed(handled)
+        self.metrics.finished_batch(msgs)
 
     async def _wait(self) -> None:
         if self._tasks:
@@ -242,6 +335,7 @@ class StageRuntime:
         if resume:
             self.consumer.resume([TopicPartition(self.topic, p) for p in resume])
         self._paused = want
+        self.metrics.paused(len(want))
 
     def _accept(self, msg: Message) -> PartitionProgress | None:
         """The progress of the event's partition, or None when there is nothing to handle: a
@@ -249,8 +343,9 @@ class StageRuntime:
         err = msg.error()
         if err is not None:
             if err.fatal():
-                raise KafkaException(err)
-            log.warning("stage %s: consumer error %s", self.stage.name, err)
+                self._consumer_failed = err
+            else:
+                log.info("stage %s: consumer: %s", self.stage.name, err)
             return None
         progress = self._progress.get(msg.partition())
         if progress is not None and progress.should_skip(msg.offset()):
@@ -279,6 +374,8 @@ class StageRuntime:
         """The dead-letter reason for an event whose handling raised `exc`."""
         if isinstance(exc, DecodeError):
             return f"undecodable: {exc}"
+        if isinstance(exc, OutputTooLarge | RecordRefused):
+            return f"output cannot be produced: {exc}"
         if isinstance(exc, InvalidEvent):
             return f"invalid: {exc}"
         log.error("stage %s failed on an event:\n%s", self.stage.name,
@@ -288,7 +385,7 @@ class StageRuntime:
     async def _call(self, event: dict, ctx: EventContext) -> tuple[list[Output], str | None]:
         try:
             return await self.stage.handle(event, ctx), None  # type: ignore[misc]
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, Interrupt):
             raise
         except Exception as exc:
             return [], self._reason(exc)
@@ -298,7 +395,7 @@ class StageRuntime:
             part, msg = self._tasks.pop(task)
             if task.cancelled() or part not in self._progress:
                 continue
-            outputs, reason = task.result()
+            outputs, reason = task.result()  # raises Rewind when the handler's emit hit one
             self._finish(msg, outputs, dead_letter=reason)
             self._progress[part].finished(msg.offset())
 
@@ -306,37 +403,54 @@ class StageRuntime:
         """Produce an event's outputs (the caller then marks its offset finished)."""
         if dead_letter is not None:
             self._send_dead_letter(msg, dead_letter)
-        for out in outputs:
-            self._emit(out)
+        try:
+            records = [(out, self._encode(out)) for out in outputs]
+        except (OutputTooLarge, ValueError) as exc:  # ValueError: the codec rejected a record
+            records = []
+            self._send_dead_letter(msg, self._reason(exc))
+        self._produce_all(msg, records)
         self.stats["processed"] += 1
+        self.metrics.consumed()
+        self.metrics.finished(msg.timestamp()[1])
 
-    def _emit(self, out: Output) -> None:
-        if not self._in_txn:
-            self._ensure_txn()
+    def _encode(self, out: Output) -> bytes | None:
+        """The output's bytes, checked against its topic's record limit."""
         value = out.value
         if isinstance(value, dict):
             value = self.codec.encode(out.record, value)
-        # Produced inline, not through kafka.produce: in the pass-through benchmark the helper
-        # call measured one-hop p50 latency of 77-175 ms (5 runs) against 17-21 ms (3 runs)
-        # inline; the cause is not understood, the difference was repeatable.
-        try:
-            self.producer.produce(out.topic, value, out.key,
-                                  -1 if out.partition is None else out.partition)
-        except BufferError:  # local queue full: wait for room (backpressure)
-            kafka.produce(self.producer, out.topic, value, out.key, out.partition)
+        limit = self._limits.get(out.topic)
+        if limit is not None and value is not None and len(value) > limit // 4:  # cheap first
+            key = out.key.encode() if isinstance(out.key, str) else out.key
+            if len(value) + len(key) > limit:
+                raise OutputTooLarge(
+                    f"{out.record or 'a record'} for {out.topic} would be "
+                    f"{len(value) + len(key)} bytes, over that topic's limit of {limit}")
+        return value
+
+    def _produce_all(self, msg: Message, records: list[tuple[Output, bytes | None]]) -> None:
+        produce = self.checkpoint.produce
+        for out, value in records:
+            try:
+                produce(out.topic, value, out.key, out.partition)
+            except RecordRefused as exc:
+                self._send_dead_letter(msg, self._reason(exc))
+                return
+            self.metrics.produced(out.topic)
+
+    def _emit(self, out: Output) -> None:
+        value = self._encode(out)
+        self.checkpoint.produce(out.topic, value, out.key, out.partition)
+        self.metrics.produced(out.topic)
 
     def _send_dead_letter(self, msg: Message, reason: str) -> None:
         log.warning("stage %s: dead-letter %s[%d]@%d: %s", self.stage.name, msg.topic(),
-                    msg.partition(), msg.offset(), reason)
+                    msg.partition(), msg.offset(), reason[:1000])
         self.stats["dead_lettered"] += 1
-        self._emit(dead_letter(self.settings.topics, self.stage.name, msg, reason))
+        self.metrics.dead_lettered()
+        self._emit(dead_letter(self.settings.topics, self.stage.name, msg, reason,
+                               self._dlq_limit))
 
     # -- transactions ------------------------------------------------------------------------
-
-    def _ensure_txn(self) -> None:
-        if not self._in_txn:
-            self.producer.begin_transaction()
-            self._in_txn = True
 
     def _maybe_commit(self) -> None:
         now = time.monotonic()
@@ -345,102 +459,148 @@ class StageRuntime:
         # downstream sees results without waiting out the interval.
         if elapsed_ms >= self.settings.commit_interval_ms or (
                 self._idle and elapsed_ms >= IDLE_COMMIT_MS):
-            self._commit()
             self._last_commit = now
+            self._commit()
         if now - self._last_report >= 10:
             self._last_report = now
             log.info("stage %s: %s, %d in flight", self.stage.name, dict(self.stats),
                      len(self._tasks))
 
     def _commit(self) -> None:
-        """Commit outputs and input offsets atomically; abort and rewind on abortable errors."""
+        """Commit outputs and input offsets atomically; raises Rewind when that failed."""
         dirty = {p: prog for p, prog in self._progress.items() if prog.dirty}
-        if not dirty and not self._in_txn:
+        if not dirty and not self.checkpoint.in_txn:
             return
         offsets = [TopicPartition(self.topic, p, prog.watermark, metadata=prog.metadata())
                    for p, prog in dirty.items()]
-        for attempt in range(5):
-            try:
-                self._ensure_txn()
-                if offsets:
-                    self.producer.send_offsets_to_transaction(
-                        offsets, self.consumer.consumer_group_metadata(), 30)
-                self.producer.commit_transaction(60)
-                break
-            except KafkaException as exc:
-                err: KafkaError = exc.args[0]
-                if err.txn_requires_abort():
-                    log.warning("stage %s: transaction aborted (%s); rewinding",
-                                self.stage.name, err)
-                    self._abort_and_rewind()
-                    return
-                if not err.retriable() or attempt == 4:
-                    raise
-                time.sleep(0.2 * (attempt + 1))
-        self._in_txn = False
+        started = time.monotonic()
+        self.checkpoint.commit(offsets, self.consumer.consumer_group_metadata)
         self.stats["commits"] += 1
+        self.metrics.committed(time.monotonic() - started)
         for prog in dirty.values():
             prog.dirty = False
 
-    def _abort_and_rewind(self) -> None:
-        """Throw away the open transaction and redo everything it held."""
-        if self._in_txn:
-            self.producer.abort_transaction(60)
-            self._in_txn = False
+    def _forget_work(self) -> list[int]:
+        """Drop in-flight work and progress (nothing of it is committed); the partitions held."""
+        self.checkpoint.abort()
+        self.metrics.aborted()
         for task in self._tasks:
             task.cancel()
         self._tasks.clear()
-        parts = [TopicPartition(self.topic, p) for p in self._progress]
-        self.stage.on_revoke(list(self._progress))
+        parts = list(self._progress)
+        self.stage.on_revoke(parts)
         self._progress.clear()
-        self._restore(parts)
-        for tp in self.consumer.committed(parts, timeout=30):
-            self.consumer.seek(TopicPartition(self.topic, tp.partition, max(tp.offset, 0)))
+        return parts
+
+    def _rewind(self) -> None:
+        """Redo everything since the last commit: back to the committed offsets."""
+        self._needs_rewind = False
+        self.stats["rewinds"] += 1
+        parts = [TopicPartition(self.topic, p) for p in self._forget_work()]
+        try:
+            for tp in self._restore(self.consumer, parts):
+                self.consumer.seek(TopicPartition(self.topic, tp.partition, max(tp.offset, 0)))
+        except KafkaException as exc:
+            # A partition the consumer is not fetching yet cannot be sought: a fresh consumer
+            # starts every partition at its committed offset.
+            self._rebuild_consumer(exc.args[0], fenced=False)
+
+    def _rebuild_consumer(self, err: KafkaError, fenced: bool = True) -> None:
+        """A consumer that failed for good (e.g. a static member fenced after a broker restart):
+        close it and join the group again with a new one."""
+        log.warning("stage %s: consumer failed (%s); rejoining with a new one",
+                    self.stage.name, err)
+        if fenced:
+            self._consumer_fences.fenced(err)
+        self.stats["consumer_rebuilds"] += 1
+        self._forget_work()
+        self._paused.clear()
+        self._needs_rewind = False
+        self._consumer_failed = None
+        old, self.consumer = self.consumer, self._new_consumer()
+        close_bounded(old, CALL_TIMEOUT_S)  # its callbacks see a stale consumer and do nothing
+        self._subscribe()
 
     # -- rebalancing -------------------------------------------------------------------------
 
-    def _restore(self, partitions: list[TopicPartition]) -> None:
-        committed = self.consumer.committed(partitions, timeout=30) if partitions else []
+    def _new_consumer(self) -> Consumer:
+        return kafka.consumer(self.settings, self.group, error_cb=self._on_error)
+
+    def _subscribe(self) -> None:
+        self.consumer.subscribe([self.topic], on_assign=self._on_assign,
+                                on_revoke=self._on_revoke, on_lost=self._on_lost)
+
+    def _on_error(self, err: KafkaError) -> None:
+        if err.fatal():
+            self._consumer_failed = err
+        else:  # the client reconnects by itself (a broker restarting, a leader moving)
+            log.info("stage %s: %s", self.stage.name, err)
+
+    def _restore(self, consumer: Consumer, partitions: list[TopicPartition]
+                 ) -> list[TopicPartition]:
+        committed = self.checkpoint.committed(consumer, partitions) if partitions else []
         for tp in committed:
             self._progress[tp.partition] = PartitionProgress(
                 tp.offset, decode_done(tp.offset, tp.metadata) if tp.offset >= 0 else set())
         self.stage.on_assign([tp.partition for tp in committed])
+        return committed
 
-    def _on_assign(self, consumer: Any, partitions: list[TopicPartition]) -> None:
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        if consumer is not self.consumer:
+            return
         log.info("stage %s: assigned %s", self.stage.name, [tp.partition for tp in partitions])
-        self._restore(partitions)
+        self.metrics.rebalanced("assigned")
+        self._restore(consumer, partitions)
 
-    def _on_revoke(self, consumer: Any, partitions: list[TopicPartition]) -> None:
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         parts = {tp.partition for tp in partitions}
-        if not parts:
+        if not parts or consumer is not self.consumer:
             return
         log.info("stage %s: revoked %s", self.stage.name, sorted(parts))
+        self.metrics.rebalanced("revoked")
         # Their in-flight events go to the next owner; what finished is committed first.
         for task, (part, _) in list(self._tasks.items()):
             if part in parts:
                 task.cancel()
                 del self._tasks[task]
-        self._commit()
+        try:
+            self._commit()
+        except Rewind:
+            self._needs_rewind = True  # the partitions we keep are redone from their commits
+        except Stopped:
+            pass  # stopping anyway: the next owner redoes what was not committed
         for p in parts:
             self._progress.pop(p, None)
             self._paused.discard(p)
         self.stage.on_revoke(sorted(parts))
 
-    def _on_lost(self, consumer: Any, partitions: list[TopicPartition]) -> None:
+    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        if consumer is not self.consumer:
+            return
         log.warning("stage %s: lost %s", self.stage.name, [tp.partition for tp in partitions])
-        lost = {tp.partition for tp in partitions}
-        for p in lost:
-            self._progress.pop(p, None)
-            self._paused.discard(p)
-        self._abort_and_rewind()
+        self.metrics.rebalanced("lost")
+        for tp in partitions:
+            self._progress.pop(tp.partition, None)
+            self._paused.discard(tp.partition)
+        # What the open transaction holds may be for the lost partitions: it must not commit.
+        self.checkpoint.abort()
+        self._needs_rewind = True
 
     async def _drain(self) -> None:
         """Graceful stop: finish in-flight work within the drain timeout, commit, leave."""
-        if self._tasks:
-            log.info("stage %s: draining %d in-flight events", self.stage.name, len(self._tasks))
-            await asyncio.wait(self._tasks, timeout=self.drain_timeout_s)
-            self._reap()
-            for task in self._tasks:
-                task.cancel()  # unfinished: the next owner resumes them
-            self._tasks.clear()
-        self._commit()
+        try:
+            if self._tasks:
+                log.info("stage %s: draining %d in-flight events", self.stage.name,
+                         len(self._tasks))
+                left = self.drain_timeout_s if self._stop_at is None else max(
+                    0.0, self._stop_at + self.drain_timeout_s - time.monotonic())
+                await asyncio.wait(self._tasks, timeout=left)
+                self._reap()
+                for task in self._tasks:
+                    task.cancel()  # unfinished: the next owner resumes them
+                self._tasks.clear()
+            if not self._needs_rewind:
+                self._commit()
+        except Rewind as exc:
+            log.warning("stage %s: last commit failed (%s); the next owner redoes it",
+                        self.stage.name, exc)

@@ -4,9 +4,16 @@ Offsets are committed only when the trainer acknowledges a batch. Samples of one
 on different partitions and out of order, so each partition's commit is its lowest unacknowledged
 offset, and acknowledged offsets above it travel in the commit metadata (rollstream/offsets.py).
 With `transactional=True`, `Batch.ack(outputs)` commits the offsets and the trainer's outputs
-(its PolicyVersion event) in one Kafka transaction: a trainer restarted from the last committed
-PolicyVersion sees exactly the batches that version was not trained on, so none is lost and
-none is trained twice.
+(its PolicyVersion event) in one Kafka transaction, through the same exactly-once checkpoint as
+the stage runtime (rollstream/checkpoint.py: retriable errors retried, bounded; abortable ones
+aborted; a fenced or failed producer dropped and rebuilt). A trainer restarted from the last
+committed PolicyVersion sees exactly the batches that version was not trained on, so none is
+lost and none is trained twice.
+
+When an ack could not commit (aborted, fenced, the group's partitions lost) or the consumer
+failed for good, the bridge raises `rollstream.checkpoint.Rewind`: the trainer's state now
+includes batches that are not committed, so the trainer must go back to the last committed
+PolicyVersion and open a new bridge (trainer_bridge/train_loop.py does this).
 """
 
 from __future__ import annotations
@@ -17,11 +24,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import KafkaException, TopicPartition
+from confluent_kafka import TopicPartition
 
 from rollstream import kafka
+from rollstream.checkpoint import Checkpoint, Rewind, close_bounded
 from rollstream.codec import DecodeError, codec
 from rollstream.config import Settings
+from rollstream.events import SCORED_TRAJECTORY
+from rollstream.graph import BRIDGE
 from rollstream.offsets import PartitionProgress, decode_done
 from rollstream.runtime import Output, dead_letter
 from trainer_bridge.groups import Group, GroupAssembler, GroupPolicy, Sample
@@ -64,12 +74,14 @@ class TrainerBridge:
         self.topic = settings.topics.scored
         self.groups_per_batch = groups_per_batch
         self.current_version = 0  # the trainer's policy version, for the staleness bound
-        group_id = group or f"{settings.prefix}.bridge"
+        group_id = group or settings.topics.group(BRIDGE)
         self.consumer = kafka.consumer(settings, group_id)
-        self.producer = kafka.producer(
-            settings, kafka.process_id(settings, group_id) if transactional else None)
-        if transactional:
-            self.producer.init_transactions(60)
+        self.checkpoint = Checkpoint(settings, kafka.process_id(settings, group_id)) \
+            if transactional else None
+        if self.checkpoint is not None:
+            self.checkpoint.open()
+        # Without transactions: plain produce, then the offset commit.
+        self.producer = None if self.checkpoint else kafka.producer(settings)
         self.transactional = transactional
         self.assembler = GroupAssembler(policy)
         self.progress: dict[int, PartitionProgress] = {}
@@ -84,7 +96,9 @@ class TrainerBridge:
         return {**self.assembler.stats, "dead_lettered": self.dead_lettered}
 
     def _on_assign(self, consumer: Any, partitions: list[TopicPartition]) -> None:
-        for tp in consumer.committed(partitions, timeout=30):
+        committed = (self.checkpoint.committed(consumer, partitions) if self.checkpoint
+                     else consumer.committed(partitions, timeout=30))
+        for tp in committed:
             skip = decode_done(tp.offset, tp.metadata) if tp.offset >= 0 else set()
             self.progress[tp.partition] = PartitionProgress(tp.offset, skip)
 
@@ -130,8 +144,8 @@ class TrainerBridge:
 
     def _accept(self, msg: Any) -> None:
         if msg.error() is not None:
-            if msg.error().fatal():
-                raise KafkaException(msg.error())
+            if msg.error().fatal():  # e.g. a static member fenced: this bridge cannot go on
+                raise Rewind(f"consumer failed: {msg.error()}")
             return
         progress = self.progress.get(msg.partition())
         if progress is None:
@@ -141,7 +155,7 @@ class TrainerBridge:
             progress.finished(msg.offset())  # in a batch a previous bridge already handed out
             return
         try:
-            scored = codec().decode_as("ScoredTrajectory", msg.value())
+            scored = codec().decode_as(SCORED_TRAJECTORY, msg.value())
         except DecodeError as exc:
             # Sent with the next ack, before or with the offset commit that passes it.
             self._dead_letters.append(
@@ -156,7 +170,10 @@ class TrainerBridge:
 
     def _produce(self, out: Output) -> None:
         value = None if out.value is None else codec().encode(out.record, out.value)
-        kafka.produce(self.producer, out.topic, value, key=out.key, partition=out.partition)
+        if self.checkpoint is not None:
+            self.checkpoint.produce(out.topic, value, out.key, out.partition)
+        else:
+            kafka.produce(self.producer, out.topic, value, key=out.key, partition=out.partition)
 
     def _finished(self, samples: list[Sample]) -> None:
         for s in samples:
@@ -175,14 +192,11 @@ class TrainerBridge:
         self._dead_letters.clear()
         offsets = [TopicPartition(self.topic, p, prog.watermark, metadata=prog.metadata())
                    for p, prog in self.progress.items() if prog.dirty]
-        if self.transactional:
-            self.producer.begin_transaction()
+        if self.checkpoint is not None:
+            self.checkpoint.begin()
             for out in outputs:
                 self._produce(out)
-            if offsets:
-                self.producer.send_offsets_to_transaction(
-                    offsets, self.consumer.consumer_group_metadata(), 30)
-            self.producer.commit_transaction(60)
+            self.checkpoint.commit(offsets, self.consumer.consumer_group_metadata)
         else:
             for out in outputs:
                 self._produce(out)
@@ -194,8 +208,13 @@ class TrainerBridge:
             prog.dirty = False
 
     def close(self) -> None:
-        self.consumer.close()
-        self.producer.flush(30)
+        """Leave the group and let the producer go (bounded: a cluster that does not answer
+        cannot keep the trainer from stopping)."""
+        close_bounded(self.consumer, 10)
+        if self.checkpoint is not None:
+            self.checkpoint.close()
+        else:
+            close_bounded(self.producer, 30)
 
     def __enter__(self) -> TrainerBridge:
         return self

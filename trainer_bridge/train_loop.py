@@ -5,6 +5,11 @@ offsets. A restarted trainer loads the checkpoint of the newest *committed* Poli
 checkpoint written by a step whose transaction never committed is ignored and overwritten), and
 the bridge hands it exactly the batches that version was not trained on: no batch is lost, none
 is trained twice. Adam's moments are not checkpointed; a restart begins them anew.
+
+The same happens inside a running trainer when a step's commit fails (aborted, fenced, the
+bridge's partitions lost; `rollstream.checkpoint.Rewind`): the in-memory model has learned from
+a batch that is not committed, so the trainer reloads the newest committed version and opens a
+new bridge, which hands that batch out again.
 """
 
 from __future__ import annotations
@@ -15,11 +20,13 @@ from pathlib import Path
 
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
-from rollstream import kafka
+from rollstream import kafka, metrics
+from rollstream.admission import CONSUMED
+from rollstream.checkpoint import Rewind
 from rollstream.codec import codec
 from rollstream.config import Settings
+from rollstream.events import POLICY_VERSION
 from rollstream.runtime import Output
-from stages.admission import CONSUMED
 from trainer_bridge.bridge import TrainerBridge
 from trainer_bridge.groups import GroupPolicy
 from trainer_bridge.trainer import GRPOConfig, GRPOTrainer, HFPolicy, TinyPolicy
@@ -32,7 +39,7 @@ def latest_policy(settings: Settings) -> dict | None:
     latest = None
     for msg in kafka.read_partitions(
             settings, [TopicPartition(settings.topics.policy, 0, OFFSET_BEGINNING)]):
-        event = codec().decode_as("PolicyVersion", msg.value())
+        event = codec().decode_as(POLICY_VERSION, msg.value())
         if latest is None or event["version"] > latest["version"]:
             latest = event
     return latest
@@ -50,7 +57,34 @@ def train(settings: Settings, checkpoint_dir: Path, *, groups_per_batch: int = 4
           max_steps: int | None = None,
           idle_timeout_s: float | None = None,
           on_step: Callable[[dict], None] | None = None) -> int:
-    """Run training steps until max_steps or idle; return the number of steps taken."""
+    """Run training steps until max_steps or idle; return the number of steps committed."""
+    steps = 0
+
+    def committed(event: dict) -> None:
+        nonlocal steps
+        steps += 1
+        if on_step is not None:
+            on_step(event)
+
+    while max_steps is None or steps < max_steps:
+        try:
+            _train_from_latest(
+                settings, checkpoint_dir, groups_per_batch=groups_per_batch,
+                group_policy=group_policy, config=config, init_checkpoint=init_checkpoint,
+                hf_model=hf_model, idle_timeout_s=idle_timeout_s, on_step=committed,
+                max_steps=None if max_steps is None else max_steps - steps)
+            break
+        except Rewind as exc:
+            log.warning("a step did not commit (%s); starting again from the newest committed "
+                        "policy version", exc)
+    return steps
+
+
+def _train_from_latest(settings: Settings, checkpoint_dir: Path, *, groups_per_batch: int,
+                       group_policy: GroupPolicy | None, config: GRPOConfig | None,
+                       init_checkpoint: Path | None, hf_model: Path | None,
+                       max_steps: int | None, idle_timeout_s: float | None,
+                       on_step: Callable[[dict], None]) -> None:
     latest = latest_policy(settings)
     start = Path(latest["uri"]) if latest is not None else (hf_model or init_checkpoint)
     policy = HFPolicy(start) if hf_model is not None else TinyPolicy(start)
@@ -65,11 +99,10 @@ def train(settings: Settings, checkpoint_dir: Path, *, groups_per_batch: int = 4
             event["metrics"][CONSUMED] = float(base_consumed + groups_consumed(bridge.stats))
             for key, value in bridge.stats.items():
                 event["metrics"][f"bridge_{key}"] = float(value)
-            batch.ack([Output(settings.topics.policy, "policy", "PolicyVersion", event)])
+            batch.ack([Output(settings.topics.policy, "policy", POLICY_VERSION, event)])
             bridge.current_version = event["version"]
+            metrics.trained(event["version"], batch.trainable, event["metrics"]["tokens"])
             steps += 1
             log.info("step %d: version %d, mean reward %.3f, loss %.4f", steps, event["version"],
                      event["metrics"]["mean_reward"], event["metrics"]["loss"])
-            if on_step is not None:
-                on_step(event)
-    return steps
+            on_step(event)

@@ -40,7 +40,7 @@ from rollstream.gateway.messages import BadChatRequest, PromptBuilder, assistant
 from rollstream.inference import ContextOverflow, InferenceError
 from rollstream.runtime import EventContext
 from rollstream.sandbox import SandboxError
-from stages.run import InferenceUnavailable
+from stages.run import InferenceUnavailable, TextMismatch
 
 if TYPE_CHECKING:
     from rollstream.envs.harness import HarnessEnv
@@ -266,7 +266,7 @@ class Gateway:
             episode.end("INFRA_ERROR", str(exc))
             raise CallRefused(502, f"inference failed: {exc}", "inference_failed",
                               "server_error") from exc
-        except InferenceUnavailable as exc:  # RUN's retry budget is spent
+        except (InferenceUnavailable, TextMismatch) as exc:  # retries spent; a broken proxy
             episode.end("INFRA_ERROR", str(exc))
             raise CallRefused(503, str(exc), "inference_unavailable", "server_error") from exc
         message, recorded = assistant_message(completion.text, len(turns))

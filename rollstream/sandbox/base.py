@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from rollstream import metrics
 from rollstream.sandbox.capture import HeadTail
 from rollstream.sandbox.leases import Lease
 
@@ -102,6 +103,7 @@ class Sandbox(ABC):
         self.id = sandbox_id
         self.spec = spec
         self.closed = False
+        metrics.track_sandbox(self)
 
     @property
     def workdir(self) -> str:
@@ -195,10 +197,17 @@ class Backend(ABC):
         """Kill and delete one sandbox, whoever owns it."""
 
     def reap(self, older_than_s: float | None = None, everything: bool = False) -> list[Lease]:
-        """Remove sandboxes whose owner died (or older than the bound, or all); returns them."""
+        """Remove sandboxes whose owner died (or older than the bound, or all); returns those
+        removed (one that cannot be is logged and left for the next sweep)."""
         reaped = [lease for lease in self.leases()
                   if everything or lease.abandoned(older_than_s)]
+        removed = []
         for lease in reaped:
             log.info("removing %s sandbox %s (owner %s)", self.name, lease.id, lease.owner)
-            self.remove(lease.id)
-        return reaped
+            try:
+                self.remove(lease.id)
+            except SandboxError as exc:  # one broken sandbox must not stop the others
+                log.warning("could not remove %s sandbox %s: %s", self.name, lease.id, exc)
+                continue
+            removed.append(lease)
+        return removed

@@ -1,0 +1,320 @@
+"""One exactly-once checkpoint: outputs and input offsets committed in one Kafka transaction.
+
+The stage runtime (rollstream/runtime.py) and the trainer bridge (trainer_bridge/bridge.py) both
+commit through `Checkpoint`. What it guarantees, and what each kind of Kafka error does:
+
+- Records produced through `produce` and the input offsets given to `commit` become visible to
+  read_committed readers together or not at all (KIP-98 transactions; with the consumer's group
+  metadata, KIP-447, a process that lost its partitions cannot commit for them).
+- Retriable errors (a timeout, a coordinator that moved or is loading, a broker that is down):
+  the same call is tried again, each try bounded by `call_timeout_s`, until `retry_s` has
+  passed or the caller's deadline (a draining process) has come; then the transaction is
+  aborted and `Rewind` raised.
+- Abortable errors (`txn_requires_abort`): the transaction is aborted and `Rewind` raised.
+- Fenced or fatal errors, and any error Kafka does not call retriable or abortable (the
+  coordinator bumped the producer epoch after a broker restart or a transaction timeout;
+  another process initialized the same transactional id; INVALID_TXN_STATE): the producer is
+  dropped and `Rewind` raised; the next transaction begins on a new producer with the same
+  transactional id, whose initialization aborts whatever the old one left open.
+  Fenced `FENCE_LIMIT` times within `FENCE_WINDOW_S` means another live process keeps taking
+  the id back: `IdInUse` is raised, saying so, and the process exits instead of fighting it.
+- `Rewind` tells the caller that nothing since its last successful commit is committed: it
+  drops that work and reads again from the committed offsets (`committed` reads them, bounded
+  and retried), so nothing is lost and nothing is produced twice.
+- Every blocking call has a timeout no longer than `call_timeout_s`, so a stop request is
+  honoured within the caller's deadline plus one call.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+
+from rollstream import kafka
+from rollstream.codec import headers_for
+from rollstream.config import Settings
+
+log = logging.getLogger("rollstream.checkpoint")
+
+CALL_TIMEOUT_S = 5.0  # longest single blocking Kafka call: how late a stop request can be seen
+RETRY_S = 30.0  # how long retriable commit errors are retried before the transaction is aborted
+FENCE_LIMIT = 3
+FENCE_WINDOW_S = 120.0
+
+# Errors after which this producer cannot go on: build a new one with the same transactional id.
+_FENCED = {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH,
+           KafkaError.INVALID_TXN_STATE, KafkaError._STATE, KafkaError._FATAL}
+
+# Errors about one record, not the producer: that record is refused, the transaction goes on.
+_REFUSED = {KafkaError.MSG_SIZE_TOO_LARGE,
+            KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION, KafkaError._INVALID_ARG,
+            KafkaError.INVALID_RECORD}
+
+
+class Interrupt(Exception):  # noqa: N818
+    """Not about the event being handled: the checkpoint cannot go on as it was."""
+
+
+class Rewind(Interrupt):
+    """Nothing since the last successful commit is committed: read again from the committed
+    offsets."""
+
+
+class IdInUse(Interrupt):
+    """Another live process keeps fencing this transactional id (or group instance id)."""
+
+
+class RecordRefused(ValueError):
+    """One record the client will not produce (too large, no such topic or partition)."""
+
+
+class Stopped(Interrupt):
+    """The caller's deadline came while waiting for the cluster."""
+
+
+def classify(err: KafkaError) -> str:
+    """'retry', 'abort' or 'rebuild': what a transactional producer does after `err`."""
+    if err.fatal() or err.code() in _FENCED:
+        return "rebuild"
+    if err.txn_requires_abort():
+        return "abort"
+    if err.retriable() or err.code() in (KafkaError._TIMED_OUT, KafkaError._TRANSPORT,
+                                         KafkaError._ALL_BROKERS_DOWN):
+        return "retry"
+    return "rebuild"  # unknown: a clean producer is the one safe way on
+
+
+class FenceCounter:
+    """Fences seen recently; too many means another live process holds our id."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self._times: deque[float] = deque(maxlen=FENCE_LIMIT)
+
+    def fenced(self, err: object) -> None:
+        now = time.monotonic()
+        self._times.append(now)
+        if len(self._times) == FENCE_LIMIT and now - self._times[0] < FENCE_WINDOW_S:
+            raise IdInUse(
+                f"{self.what} was fenced {FENCE_LIMIT} times in {FENCE_WINDOW_S:.0f} s "
+                f"(last: {err}): another live process uses the same id (--instance-id); "
+                "stopping instead of fighting it")
+
+
+class Checkpoint:
+    """A transactional producer that commits outputs with input offsets (see module doc).
+
+    `deadline()` returns the monotonic time by which blocking work must give up (a draining
+    process), or None."""
+
+    def __init__(self, settings: Settings, transactional_id: str,
+                 deadline: Callable[[], float | None] = lambda: None,
+                 call_timeout_s: float = CALL_TIMEOUT_S, retry_s: float = RETRY_S) -> None:
+        self.settings = settings
+        self.transactional_id = transactional_id
+        self.deadline = deadline
+        self.call_timeout_s = call_timeout_s
+        self.retry_s = retry_s
+        self.fences = FenceCounter(f"transactional id {transactional_id}")
+        self.in_txn = False
+        self.rewinds = 0
+        self.producer: Producer | None = None
+
+    def open(self) -> None:
+        """Initialize the transactional producer: waits (bounded by the caller's deadline) for
+        the cluster, and fences any older holder of the transactional id."""
+        if self.producer is None:
+            self.producer = self._new_producer()
+
+    # -- producing ---------------------------------------------------------------------------
+
+    def begin(self) -> None:
+        if self.in_txn:
+            return
+        self.open()
+        try:
+            self.producer.begin_transaction()
+        except KafkaException as exc:
+            # Nothing is open, so nothing is lost: start over on a fresh producer.
+            log.warning("begin_transaction: %s; rebuilding the producer", exc.args[0])
+            self._drop(exc.args[0])
+            self.open()
+            self.producer.begin_transaction()
+        self.in_txn = True
+
+    def produce(self, topic: str, value: bytes | None, key: str | bytes | None,
+                partition: int | None = None) -> None:
+        """Produce inside the open transaction (begun if needed). Raises RecordRefused for a
+        record the client refuses (the transaction stays good), Rewind when the producer failed."""
+        if not self.in_txn:
+            self.begin()
+        part = -1 if partition is None else partition
+        try:
+            try:
+                self.producer.produce(topic, value, key, part, headers=headers_for(value))
+            except BufferError:  # local queue full: wait for room (backpressure)
+                kafka.produce(self.producer, topic, value, key, partition)
+        except KafkaException as exc:
+            err: KafkaError = exc.args[0]
+            if err.code() in _REFUSED:
+                raise RecordRefused(f"{topic}: {err.str()}") from exc
+            self._failed(err, "produce")
+
+    # -- committing --------------------------------------------------------------------------
+
+    def commit(self, offsets: list[TopicPartition], group_metadata: Callable[[], Any]) -> None:
+        """Commit what was produced with `offsets`; raises Rewind when it could not."""
+        if not offsets and not self.in_txn:
+            return
+        self.begin()
+        started = time.monotonic()
+        sent = not offsets
+        while True:
+            try:
+                if not sent:
+                    self.producer.send_offsets_to_transaction(
+                        offsets, group_metadata(), self._timeout())
+                    sent = True
+                self.producer.commit_transaction(self._timeout())
+                break
+            except KafkaException as exc:
+                err: KafkaError = exc.args[0]
+                if classify(err) == "retry" and not self._expired(started, self.retry_s):
+                    log.info("commit: %s; trying again", err)
+                    time.sleep(0.2)
+                    continue
+                self._failed(err, "commit")
+        self.in_txn = False
+
+    def abort(self) -> None:
+        """Abort the open transaction (bounded); a producer that cannot is dropped."""
+        if not self.in_txn or self.producer is None:
+            self.in_txn = False
+            return
+        started = time.monotonic()
+        while True:
+            try:
+                self.producer.abort_transaction(self._timeout())
+                break
+            except KafkaException as exc:
+                err: KafkaError = exc.args[0]
+                if classify(err) == "retry" and not self._expired(started, self.retry_s):
+                    time.sleep(0.2)
+                    continue
+                log.warning("abort: %s; dropping the producer", err)
+                self._drop(err)
+                break
+        self.in_txn = False
+
+    def _failed(self, err: KafkaError, call: str) -> None:
+        """Leave the failed transaction behind (abort, or rebuild) and tell the caller."""
+        self.rewinds += 1
+        if classify(err) == "rebuild":
+            log.warning("%s: %s; dropping the producer and rewinding", call, err)
+            self._drop(err)
+        else:
+            log.warning("%s: %s; aborting and rewinding", call, err)
+            self.abort()
+        raise Rewind(str(err))
+
+    def _drop(self, err: KafkaError) -> None:
+        """Let a failed producer go; `open` builds the next one."""
+        old, self.producer = self.producer, None
+        self.in_txn = False
+        if old is not None:
+            with _suppress_kafka():
+                old.purge()
+            close_bounded(old, self.call_timeout_s)
+        if err.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED,
+                          KafkaError.INVALID_PRODUCER_EPOCH):
+            self.fences.fenced(err)
+
+    def _new_producer(self) -> Producer:
+        """A producer with our transactional id, initialized (which fences older holders)."""
+        producer = kafka.producer(self.settings, self.transactional_id)
+        started = time.monotonic()
+        while True:
+            try:
+                producer.init_transactions(self._timeout())
+                return producer
+            except KafkaException as exc:
+                err = exc.args[0]
+                if classify(err) != "retry":
+                    raise
+                if self._expired(started, None):
+                    raise Stopped(f"init_transactions: {err}") from exc
+                log.info("init_transactions: %s; trying again", err)
+                time.sleep(0.5)
+
+    # -- bounds ------------------------------------------------------------------------------
+
+    def _timeout(self) -> float:
+        deadline = self.deadline()
+        if deadline is None:
+            return self.call_timeout_s
+        return max(0.1, min(self.call_timeout_s, deadline - time.monotonic()))
+
+    def _expired(self, started: float, budget_s: float | None) -> bool:
+        """The caller's deadline has come, or `budget_s` has passed since `started`."""
+        deadline = self.deadline()
+        if deadline is not None and time.monotonic() >= deadline:
+            return True
+        return budget_s is not None and time.monotonic() - started >= budget_s
+
+    def committed(self, consumer: Consumer, partitions: list[TopicPartition]
+                  ) -> list[TopicPartition]:
+        """The group's committed offsets, retried while the cluster is unreachable; raises
+        Stopped when the caller's deadline comes first."""
+        while True:
+            try:
+                return consumer.committed(partitions, timeout=self._timeout())
+            except KafkaException as exc:
+                deadline = self.deadline()
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise Stopped(str(exc)) from exc
+                log.info("committed offsets: %s; trying again", exc.args[0])
+                time.sleep(0.5)
+
+    def close(self) -> None:
+        """Abort what is open and let the producer go, all bounded."""
+        if self.producer is None:
+            return
+        with _suppress_kafka():
+            self.abort()
+        close_bounded(self.producer, self.call_timeout_s)
+
+
+class _suppress_kafka:  # noqa: N801
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type | None, exc: BaseException | None, tb: object) -> bool:
+        if isinstance(exc, KafkaException | Interrupt):
+            log.info("ignored while closing: %s", exc)
+            return True
+        return False
+
+
+def close_bounded(client: Producer | Consumer, timeout_s: float) -> bool:
+    """Flush a producer or close a consumer, giving up after timeout_s (a cluster that does not
+    answer must not keep a stopping process alive). True when it finished in time."""
+    def close() -> None:
+        with _suppress_kafka():
+            if isinstance(client, Consumer):
+                client.close()
+            else:
+                client.flush(timeout_s)
+
+    thread = threading.Thread(target=close, name="kafka-close", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        log.warning("closing a Kafka client took over %.0f s; leaving it", timeout_s)
+        return False
+    return True

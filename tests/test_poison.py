@@ -1,0 +1,85 @@
+"""Poison events cannot stop a partition: an input whose output cannot be produced, or whose
+dead letter would be too large, is dead-lettered (cut to fit, with its coordinates and reason)
+and the good events behind it on the same partition are processed exactly once."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from confluent_kafka import TopicPartition
+
+from rollstream import kafka
+from rollstream.codec import codec
+from rollstream.config import Settings
+from rollstream.graph import MIB
+from rollstream.runtime import EventContext, Output, Stage, StageRuntime
+from rollstream.topics import record_limits
+from tests.test_runtime import policy_event, run_until
+
+
+class Forward(Stage):
+    """Reads <p>.trajectories (16 MiB records), writes <p>.episodes (4 MiB records)."""
+
+    name = "forward"
+    input_record = "PolicyVersion"
+
+    def input_topic(self) -> str:
+        return self.topics.trajectories
+
+    def handle(self, event: dict, ctx: EventContext) -> list[Output]:
+        return [Output(self.topics.episodes, str(event["version"]), "PolicyVersion", event)]
+
+
+class AsyncForward(Forward):
+    async def handle(self, event: dict, ctx: EventContext) -> list[Output]:  # type: ignore[override]
+        return Forward.handle(self, event, ctx)
+
+
+def big_event(version: int, size: int) -> bytes:
+    return codec().encode("PolicyVersion", {"version": version, "uri": "u" * size,
+                                            "created_at_ms": 0})
+
+
+@pytest.mark.parametrize("stage", [Forward, AsyncForward])
+def test_unproducible_outputs_and_oversized_dead_letters_do_not_stop_the_partition(
+        settings: Settings, stage: type[Forward]) -> None:
+    producer = kafka.producer(settings)
+    topic = settings.topics.trajectories
+    inputs = [
+        (b"0", policy_event(0)),
+        # Undecodable, with a 6 MiB key: its dead letter (key twice, then value) is ~21 MiB.
+        (b"k" * (6 * MIB), b"\x00" * (9 * MIB)),
+        (b"1", policy_event(1)),
+        (b"2", big_event(2, 5 * MIB)),  # its output is over the episodes topic's 4 MiB
+        (b"3", policy_event(3)),
+    ]
+    for key, value in inputs:
+        kafka.produce(producer, topic, value, key=key, partition=0)
+    producer.flush(60)
+
+    runtime = StageRuntime(stage(settings), settings)
+    run_until(runtime, lambda: runtime.stats["processed"] >= len(inputs), timeout=60)
+
+    out = kafka.read_partitions(settings, [TopicPartition(settings.topics.episodes, p, 0)
+                                           for p in range(settings.partitions)])
+    assert Counter(m.key() for m in out) == {b"0": 1, b"1": 1, b"3": 1}
+    letter_msgs = kafka.read_partitions(settings, [TopicPartition(settings.topics.dlq, p, 0)
+                                                   for p in range(settings.partitions)])
+    letters = {dl["source_offset"]: dl for dl in
+               (codec().decode_as("DeadLetter", m.value()) for m in letter_msgs)}
+    assert sorted(letters) == [1, 3]
+
+    undecodable = letters[1]
+    assert undecodable["reason"].startswith("undecodable:")
+    assert undecodable["truncated_from"] == 15 * MIB
+    assert (undecodable["source_topic"], undecodable["source_partition"]) == (topic, 0)
+    kept = len(undecodable["key"]) * 2 + len(undecodable["value"])
+    assert 0 < kept <= record_limits(settings.topics)[settings.topics.dlq]
+    assert undecodable["value"] == b"\x00" * len(undecodable["value"])  # the original's start
+
+    too_big = letters[3]
+    assert too_big["reason"].startswith("output cannot be produced:")
+    assert settings.topics.episodes in too_big["reason"]
+    assert too_big["truncated_from"] is None and too_big["value"] == inputs[3][1]
+    assert runtime.stats["dead_lettered"] == 2
