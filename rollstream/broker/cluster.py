@@ -174,7 +174,8 @@ def _format_async(st: dict[str, Any], node: int) -> subprocess.Popen[str] | None
     config = _write_config(st, node)
     return subprocess.Popen(
         [local._java(), "-Xmx256m", "-cp", local._classpath(), "kafka.tools.StorageTool",
-         "format", "-t", st["cluster_id"], "-c", str(config), "--ignore-formatted"],
+         "format", f"--cluster-id={st['cluster_id']}", "-c", str(config),
+         "--ignore-formatted"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 

@@ -339,7 +339,7 @@ def format_storage(data_dir: Path, cluster_id: str, config: Path, standalone: bo
         return  # formatting again is a no-op (--ignore-formatted) but costs a JVM start
     cmd = [
         _java(), "-Xmx256m", "-cp", _classpath(), "kafka.tools.StorageTool", "format",
-        *(["--standalone"] if standalone else []), "-t", cluster_id, "-c", str(config),
+        *(["--standalone"] if standalone else []), f"--cluster-id={cluster_id}", "-c", str(config),
         "--ignore-formatted",
     ]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
