@@ -109,3 +109,4 @@ class DeadLetter(TypedDict):
     key: bytes | None
     value: bytes | None
     failed_at_ms: int
+    truncated_from: int | None
