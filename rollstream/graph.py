@@ -5,6 +5,9 @@ Everything else derives from this table: topic names (`Topics`), consumer-group 
 (`Topics.group`), `rollstream topics create`, each stage's input (`input_of`), and the tests that
 check every stage's outputs and the README's diagram against it.
 
+Not in it: the topics a tool keeps for itself, created by that tool (`rollstream dlq`'s ledger
+<p>.dlq-redriven; `rollstream stats`'s <p>.stats and its faust changelogs).
+
 Configs are set explicitly per topic instead of relying on broker defaults, so the same
 `topics create` gives the same topics on the bundled broker, a container or a production cluster.
 """
@@ -24,10 +27,11 @@ DAY_MS = 24 * 3600 * 1000
 MAX_MESSAGE_BYTES = 16 * MIB
 
 # Consumer groups (each named <prefix>.<group>, see Topics.group).
-INIT, RUN, EVAL, BRIDGE = "init", "run", "eval", "bridge"
+INIT, RUN, EVAL, BRIDGE, STATS = "init", "run", "eval", "bridge", "stats"
 STAGES = (INIT, RUN, EVAL)
-# Writers that are not consumer groups.
-PRODUCERS, TRAINER = "producers", "trainer"
+# Writers that are not consumer groups; `redrive` (`rollstream dlq redrive`) sends dead letters
+# back to the topic they came from.
+PRODUCERS, TRAINER, REDRIVE = "producers", "trainer", "redrive"
 
 
 @dataclass(frozen=True)
@@ -65,14 +69,14 @@ GRAPH: tuple[Topic, ...] = (
     Topic(
         "tasks", "tasks", events.TASK, "task id",
         "tasks to roll out, keyed by task id (producers -> INIT)",
-        writers=(PRODUCERS,), groups=(INIT,),
+        writers=(PRODUCERS, REDRIVE), groups=(INIT,),
         # Problem statements are text: a few KiB, rarely more.
         config=_config(retention_ms=7 * DAY_MS, compression="lz4", max_bytes=4 * MIB),
     ),
     Topic(
         "episodes", "episodes", events.EPISODE, "episode id",
         "one event per sample of a task's group, keyed by episode id (INIT -> RUN)",
-        writers=(INIT,), groups=(RUN,),
+        writers=(INIT, REDRIVE), groups=(RUN,),
         config=_config(retention_ms=7 * DAY_MS, compression="lz4", max_bytes=4 * MIB),
     ),
     Topic(
@@ -97,19 +101,20 @@ GRAPH: tuple[Topic, ...] = (
     Topic(
         "trajectories", "trajectories", events.TRAJECTORY, "episode id",
         "finished episodes: every turn's token ids, logprobs and observations (RUN -> EVAL)",
-        writers=(RUN,), groups=(EVAL,),
+        writers=(RUN, REDRIVE), groups=(EVAL, STATS),
         config=_config(retention_ms=7 * DAY_MS, compression="zstd", max_bytes=MAX_MESSAGE_BYTES),
     ),
     Topic(
         "scored", "scored", events.SCORED_TRAJECTORY, "episode id",
         "trajectories with their reward and outcome class (EVAL -> trainer bridge)",
-        writers=(EVAL,), groups=(BRIDGE,), followers=("demo",),
+        writers=(EVAL, REDRIVE), groups=(BRIDGE, STATS), followers=("demo", "status"),
         config=_config(retention_ms=7 * DAY_MS, compression="zstd", max_bytes=MAX_MESSAGE_BYTES),
     ),
     Topic(
         "policy", "policy", events.POLICY_VERSION, "`policy`",
         "policy versions published by the trainer, in order (trainer -> inference controller)",
-        writers=(TRAINER,), followers=("controller", "admission", TRAINER, "demo"),
+        writers=(TRAINER,), groups=(STATS,),
+        followers=("controller", "admission", TRAINER, "demo", "status"),
         # Kept forever: tiny, and the whole history says which weights produced which rollouts.
         config=_config(
             retention_ms=-1,
@@ -130,7 +135,7 @@ GRAPH: tuple[Topic, ...] = (
     Topic(
         "dlq", "dlq", events.DEAD_LETTER, "the source event's key",
         "events a stage could not decode or validate, with reason and source coordinates",
-        writers=(*STAGES, BRIDGE), followers=("operators",),
+        writers=(*STAGES, BRIDGE), groups=(STATS,), followers=("dlq", "status"),
         # Wraps the original event, which may itself be as large as MAX_MESSAGE_BYTES; kept longer
         # because someone has to look at it.
         config=_config(retention_ms=30 * DAY_MS, compression="lz4",
@@ -142,7 +147,7 @@ BY_ATTR: dict[str, Topic] = {t.attr: t for t in GRAPH}
 
 
 def input_of(group: str) -> Topic:
-    """The topic a consumer group reads (each group reads exactly one)."""
+    """The topic a stage's (or the bridge's) consumer group reads: exactly one."""
     [topic] = [t for t in GRAPH if group in t.groups]
     return topic
 

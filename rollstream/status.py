@@ -27,11 +27,12 @@ from rollstream.broker import with_broker
 from rollstream.codec import DecodeError, codec
 from rollstream.config import Settings
 from rollstream.events import POLICY_VERSION
+from rollstream.graph import BRIDGE, STAGES, input_of
 
 EXACT_LAG_LIMIT = 20_000
-# (stage, consumer group suffix, input topic attribute of Topics)
-STAGE_GROUPS = (("init", "init", "tasks"), ("run", "run", "episodes"),
-                ("eval", "eval", "trajectories"), ("train", "bridge", "scored"))
+# (stage, consumer group suffix, input topic attribute of Topics), from the topic graph
+STAGE_GROUPS = tuple(("train" if g == BRIDGE else g, g, input_of(g).attr)
+                     for g in (*STAGES, BRIDGE))
 
 
 def _get(url: str, timeout: float = 3.0) -> tuple[int, str]:
@@ -75,7 +76,7 @@ class Inspector:
         return sum(1 for _ in kafka.read_partitions(self.settings, parts)), True
 
     def stage(self, stage: str, group_suffix: str, topic_attr: str) -> dict[str, Any]:
-        group = f"{self.settings.prefix}.{group_suffix}"
+        group = self.settings.topics.group(group_suffix)
         topic = getattr(self.settings.topics, topic_attr)
         parts = self.partitions(topic)
         request = ConsumerGroupTopicPartitions(group, [TopicPartition(topic, p) for p in parts])

@@ -144,3 +144,16 @@ def test_readme_diagram_draws_only_edges_of_the_graph() -> None:
                 continue  # the bridge hands batches to the trainer in-process
             checked += 1
     assert checked >= 6
+
+
+def test_the_demo_reads_every_partition_each_topic_has(settings: Settings, tmp_path: Path) -> None:
+    from rollstream.loop import ClosedLoop, LoopConfig
+
+    loop = ClosedLoop(settings, tmp_path, LoopConfig())
+    try:
+        policy, scored_reader = loop._reader("policy"), loop._reader("scored")
+        assert [tp.partition for tp in policy.assignment()] == [0]  # <p>.policy has one
+        assert sorted(tp.partition for tp in scored_reader.assignment()) == list(
+            range(settings.partitions))
+    finally:
+        loop.stop()
