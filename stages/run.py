@@ -246,7 +246,7 @@ class RunStage(Stage):
                 trajectory["termination"] = "MAX_TURNS"
                 return
             prompt_ids, new_sample = self.template.next_prompt(
-                sample, conversation(task, turns, getattr(env, "observation_role", "user")))
+                sample, conversation(task, turns, env.observation_role))
             if new_sample:  # never at the first turn: there is no history to re-render
                 log.info("%s: template re-renders history at turn %d; new sample",
                          trajectory["episode_id"], len(turns))

@@ -55,6 +55,9 @@ class Environment(ABC):
 
     name: ClassVar[str]
     description: ClassVar[str]
+    # The chat role of an observation that answers a tool call: "tool" renders it as a tool
+    # result in the model's template (append-only for tool-trained templates), "user" as text.
+    observation_role: ClassVar[str] = "user"
 
     @abstractmethod
     async def reset(self, task: dict) -> dict:

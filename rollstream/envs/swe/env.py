@@ -48,6 +48,7 @@ def _response(text: str) -> str:
 class SweEnv(Environment):
     name = "swe"
     description = "multi-turn: fix a repository with bash/editor tools in a sandbox; tests score"
+    observation_role = "tool"  # every observation answers a tool call
 
     # This process's live sandboxes by id. Environment instances are created per call, and a
     # state naming a sandbox that is not here comes from another process: it is rebuilt.
