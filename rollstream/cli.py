@@ -6,13 +6,13 @@ import argparse
 import sys
 
 import producers.cli
+import producers.harness_tasks
 import rollstream.broker.cli
 import rollstream.contracts
 import rollstream.controller
 import rollstream.demo
 import rollstream.dlq
 import rollstream.envs.cli
-import rollstream.gateway.cli
 import rollstream.policy.cli
 import rollstream.policy.scripted
 import rollstream.sandbox.cli
@@ -36,7 +36,7 @@ FEATURE_MODULES = [
     rollstream.controller,
     producers.cli,
     rollstream.envs.cli,
-    rollstream.gateway.cli,
+    producers.harness_tasks,
     rollstream.sandbox.cli,
     rollstream.demo,
     rollstream.status,

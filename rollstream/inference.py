@@ -342,3 +342,11 @@ def _error_message(raw: bytes) -> str:
             if key in data:
                 return str(data[key])
     return str(data)[:1000]
+
+
+class InferenceUnavailable(RuntimeError):
+    """Inference kept failing past the retry budget: the episode ends as an infra failure."""
+
+
+class TextMismatch(RuntimeError):
+    """The server's `text` is not the detokenization of the ids it sampled."""

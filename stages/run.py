@@ -26,8 +26,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
@@ -38,8 +37,15 @@ from rollstream.config import Settings
 from rollstream.envs.harness import HarnessEnv
 from rollstream.envs.registry import UnknownEnv, get_env
 from rollstream.events import EPISODE, TRAJECTORY
-from rollstream.inference import Completion, ContextOverflow, ServerError, ServerUpdating
-from rollstream.policy.chat import EmbeddedChatTemplate
+from rollstream.inference import (
+    Completion,
+    ContextOverflow,
+    InferenceUnavailable,
+    ServerError,
+    ServerUpdating,
+    TextMismatch,
+)
+from rollstream.policy.chat import ChatTemplate, EmbeddedChatTemplate
 from rollstream.routing import Router
 from rollstream.runtime import EventContext, InvalidEvent, Output, Stage
 
@@ -57,25 +63,6 @@ UPDATE_POLL_S = 0.5
 
 def now_ms() -> int:
     return int(time.time() * 1000)
-
-
-class InferenceUnavailable(RuntimeError):
-    """Inference kept failing past the retry budget: the episode ends as an infra failure."""
-
-
-class ChatTemplate(Protocol):
-    """What RUN needs of a chat template (EmbeddedChatTemplate, HFChatTemplate)."""
-
-    stop_token_ids: list[int]
-
-    def next_prompt(self, sample_ids: Sequence[int],
-                    messages: Sequence[Mapping[str, str]]) -> tuple[list[int], bool]: ...
-
-    def decode(self, ids: Sequence[int]) -> str: ...
-
-
-class TextMismatch(RuntimeError):
-    """The server's `text` is not the detokenization of the ids it sampled."""
 
 
 SYSTEM_PROMPT_KEY = "system_prompt"  # in Task.metadata: the task's system message
@@ -185,7 +172,7 @@ class RunStage(Stage):
         for p in partitions:
             self.checkpoints.pop(p, None)
 
-    def _checkpoint(self, ctx: EventContext, trajectory: dict | None, episode_id: str) -> None:
+    def checkpoint(self, ctx: EventContext, trajectory: dict | None, episode_id: str) -> None:
         ctx.emit(Output(self.topics.episode_state, episode_id,
                         None if trajectory is None else TRAJECTORY, trajectory,
                         partition=ctx.partition))
@@ -233,7 +220,7 @@ class RunStage(Stage):
         finally:
             self.router.release(episode_id)
         trajectory["finished_at_ms"] = now_ms()
-        self._checkpoint(ctx, None, episode_id)  # done: drop the checkpoint
+        self.checkpoint(ctx, None, episode_id)  # done: drop the checkpoint
         return [Output(self.topics.trajectories, episode_id, TRAJECTORY, trajectory)]
 
     async def _play(self, env, trajectory: dict, ctx: EventContext) -> None:
@@ -253,7 +240,7 @@ class RunStage(Stage):
                 sample = []
             started = now_ms()
             try:
-                completion = await self._complete(sample + prompt_ids, trajectory, len(turns))
+                completion = await self.complete(sample + prompt_ids, trajectory, len(turns))
             except ContextOverflow as exc:
                 trajectory["termination"] = "TRUNCATED"
                 trajectory["termination_detail"] = str(exc)
@@ -265,17 +252,17 @@ class RunStage(Stage):
             env_started = time.perf_counter()
             step = await env.step(task, state, completion.text)
             state = step.state
-            turns.append(self._turn(len(turns), prompt_ids, new_sample, completion, started,
+            turns.append(self.turn_record(len(turns), prompt_ids, new_sample, completion, started,
                                     step, (time.perf_counter() - env_started) * 1000))
             sample += prompt_ids + completion.token_ids
             trajectory["env_state"] = json.dumps(state)
             if step.done:
                 trajectory["termination"] = "DONE"
                 return
-            self._checkpoint(ctx, trajectory, trajectory["episode_id"])
+            self.checkpoint(ctx, trajectory, trajectory["episode_id"])
 
     @staticmethod
-    def _turn(index: int, prompt_ids: list[int], new_sample: bool, completion: Completion,
+    def turn_record(index: int, prompt_ids: list[int], new_sample: bool, completion: Completion,
               started_ms: int, step, env_ms: float) -> dict:
         assert completion.policy_version is not None  # the router always stamps one
         return {
@@ -295,7 +282,7 @@ class RunStage(Stage):
             "new_sample": new_sample,
         }
 
-    async def _complete(self, prompt_ids: list[int], trajectory: dict, turn: int) -> Completion:
+    async def complete(self, prompt_ids: list[int], trajectory: dict, turn: int) -> Completion:
         sampling = dict(trajectory["task"]["sampling"])
         if sampling.get("seed") is not None:
             # Distinct but reproducible per sample and turn.

@@ -9,8 +9,9 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from producers.publish import validate_task
 from rollstream.config import Settings
+from rollstream.policy.chat import ChatTemplate
 from rollstream.runtime import EventContext
-from stages.run import ChatTemplate, RunStage
+from stages.run import RunStage
 
 
 def guess_episodes(n: int, max_turns: int = 3, max_tokens: int = 4) -> list[dict]:

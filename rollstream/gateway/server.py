@@ -31,20 +31,25 @@ import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from aiohttp import web
 
 from rollstream.envs.base import StepResult
 from rollstream.gateway.messages import BadChatRequest, PromptBuilder, assistant_message, normalize
-from rollstream.inference import ContextOverflow, InferenceError
+from rollstream.inference import (
+    Completion,
+    ContextOverflow,
+    InferenceError,
+    InferenceUnavailable,
+    TextMismatch,
+)
+from rollstream.policy.chat import ChatTemplate
 from rollstream.runtime import EventContext
 from rollstream.sandbox import SandboxError
-from stages.run import InferenceUnavailable, TextMismatch
 
 if TYPE_CHECKING:
     from rollstream.envs.harness import HarnessEnv
-    from stages.run import RunStage
 
 log = logging.getLogger("rollstream.gateway")
 
@@ -91,8 +96,24 @@ class GatewayEpisode:
             self.ended.set()
 
 
+class RecordingStage(Protocol):
+    """What the gateway needs of RUN (stages/run.py's RunStage): its template, its way to
+    sample a turn (router, retries, update windows), to record it and to checkpoint it."""
+
+    template: ChatTemplate
+
+    async def complete(self, prompt_ids: list[int], trajectory: dict,
+                       turn: int) -> Completion: ...
+
+    def turn_record(self, index: int, prompt_ids: list[int], new_sample: bool,
+                    completion: Completion, started_ms: int, step: StepResult,
+                    env_ms: float) -> dict: ...
+
+    def checkpoint(self, ctx: EventContext, trajectory: dict | None, episode_id: str) -> None: ...
+
+
 class Gateway:
-    def __init__(self, stage: RunStage, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, stage: RecordingStage, host: str = "127.0.0.1", port: int = 0) -> None:
         self.stage = stage
         self.prompts = PromptBuilder(stage.template)
         self.host, self.port = host, port
@@ -256,7 +277,7 @@ class Gateway:
             turns[-1]["observation"] = _observation(messages)
         started = now_ms()
         try:
-            completion = await self.stage._complete(episode.sample + prompt_ids, trajectory,
+            completion = await self.stage.complete(episode.sample + prompt_ids, trajectory,
                                                     len(turns))
         except ContextOverflow as exc:
             episode.end("TRUNCATED", str(exc))
@@ -271,12 +292,12 @@ class Gateway:
             raise CallRefused(503, str(exc), "inference_unavailable", "server_error") from exc
         message, recorded = assistant_message(completion.text, len(turns))
         step = StepResult(observation=None, done=False, tool_call=recorded, state=episode.state)
-        turns.append(self.stage._turn(len(turns), prompt_ids, new_sample, completion, started,
+        turns.append(self.stage.turn_record(len(turns), prompt_ids, new_sample, completion, started,
                                       step, 0.0))
         episode.sample += prompt_ids + completion.token_ids
         episode.tokens += len(prompt_ids) + len(completion.token_ids)
         trajectory["env_state"] = json.dumps(episode.state)
-        self.stage._checkpoint(episode.ctx, trajectory, trajectory["episode_id"])
+        self.stage.checkpoint(episode.ctx, trajectory, trajectory["episode_id"])
         finish = completion.finish_reason
         if message.get("tool_calls") and finish == "stop":
             finish = "tool_calls"

@@ -13,8 +13,21 @@ tokenizer (rollstream.policy.hf_template) implements the same.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Protocol
 
 from rollstream.policy.tokenizer import ASSISTANT, END, USER, ByteTokenizer
+
+
+class ChatTemplate(Protocol):
+    """What RUN (and its gateway) needs of a chat template: EmbeddedChatTemplate here,
+    HFChatTemplate (rollstream.policy.hf_template) for real models."""
+
+    stop_token_ids: list[int]
+
+    def next_prompt(self, sample_ids: Sequence[int],
+                    messages: Sequence[Mapping[str, str]]) -> tuple[list[int], bool]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
 
 
 class EmbeddedChatTemplate:
