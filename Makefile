@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv deps test demo bench lint broker-start broker-stop broker-status
+.PHONY: venv deps harness-deps test demo bench lint broker-start broker-stop broker-status images
 
 venv: $(STAMP)
 
@@ -14,7 +14,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[test]'
 	touch $@
 
-# Machine-level tools: bubblewrap (sandboxes without Docker) and the Kafka broker's jars (Maven).
+# Machine-level tools: bubblewrap (sandboxes without Docker), the Kafka broker's jars (Maven), and
+# a Docker engine with the local base image for Docker sandboxes (scripts/docker-engine.sh).
 deps: venv
 	@if ! command -v bwrap >/dev/null 2>&1; then \
 		if [ "$$(id -u)" = 0 ]; then \
@@ -25,6 +26,39 @@ deps: venv
 		fi; \
 	fi
 	$(BIN)/rollstream broker fetch
+	@if ! command -v prometheus >/dev/null 2>&1; then \
+		if [ "$$(id -u)" = 0 ]; then \
+			apt-get update -qq && apt-get install -y -qq prometheus \
+				|| echo "warning: could not install prometheus; its test is skipped"; \
+		else \
+			echo "note: prometheus is missing; install it as root for the metrics test"; \
+		fi; \
+	fi
+	./scripts/docker-engine.sh
+	$(MAKE) harness-deps
+
+# mini-swe-agent, the harness the gateway is proven with, in a virtualenv of its own: a harness
+# is a separate program with its own dependencies. Versions pinned, litellm included.
+HARNESS_VENV ?= .rollstream/harness-venv
+HARNESS_STAMP := $(HARNESS_VENV)/.installed
+harness-deps: $(HARNESS_STAMP)
+$(HARNESS_STAMP):
+	test -x $(HARNESS_VENV)/bin/python || $(PYTHON) -m venv $(HARNESS_VENV)
+	$(HARNESS_VENV)/bin/pip install -q mini-swe-agent==2.4.6 litellm==1.110.2
+	touch $@
+
+# Local images for docker-compose.local.yml, built with no registry or package mirror reachable
+# from the build: Kafka from the bundled broker's jars on the Java runtime the broker runs on
+# here, and Prometheus from Debian's package installed by `make deps`, on the local Debian
+# base image (rollstream/base:bookworm). Both are staged under .rollstream/images first.
+images: deps
+	rm -rf .rollstream/images && mkdir -p .rollstream/images
+	mkdir -p .rollstream/images/jre && tar -C "$$(dirname "$$(dirname "$$(readlink -f \
+		"$$(command -v java)")")")" -chf - --exclude=./jmods --exclude=./include \
+		--exclude=./docs --exclude=./lib/src.zip . | tar -C .rollstream/images/jre -xf -
+	cp "$$(command -v prometheus)" .rollstream/images/prometheus
+	docker build -t rollstream/kafka:local -f deploy/kafka/Dockerfile .
+	docker build -t rollstream/prometheus:local -f deploy/prometheus/Dockerfile .
 
 test: venv deps
 	$(BIN)/python -m pytest -q
@@ -37,6 +71,8 @@ bench: venv deps
 
 lint: venv
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports --no-logo
+	$(BIN)/rollstream schemas check
 
 broker-start: venv deps
 	$(BIN)/rollstream broker start

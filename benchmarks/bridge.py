@@ -28,6 +28,7 @@ from rollstream import kafka
 from rollstream.broker import local
 from rollstream.codec import codec, pack_ids, pack_logprobs
 from rollstream.config import load
+from rollstream.events import SCORED_TRAJECTORY
 from rollstream.loop import LoopConfig
 from rollstream.topics import create_topics, delete_topics
 
@@ -71,7 +72,7 @@ def scored_event(task: int, index: int, rng: np.random.Generator) -> bytes:
                   "data": '{"letter": "a"}', "group_size": GROUP}
     trajectory = {"episode_id": f"t{task}#{index}", "task": task_event, "sample_index": index,
                   "turns": [turn], "termination": "DONE", "started_at_ms": 1}
-    return codec().encode("ScoredTrajectory", {
+    return codec().encode(SCORED_TRAJECTORY, {
         "trajectory": trajectory, "reward": float(index % 3) / 2, "failure_class": "ok",
         "scored_at_ms": 2})
 

@@ -35,10 +35,10 @@ from benchmarks import percentiles_ms, print_table, write_result
 from rollstream.codec import (
     HEADER_LEN,
     MAGIC,
-    _fingerprint,
     codec,
     pack_ids,
     pack_logprobs,
+    spec_fingerprint,
     unpack_ids,
     unpack_logprobs,
 )
@@ -176,13 +176,12 @@ def array_turn_schemas() -> dict[str, Any]:
     for f in raw["Turn"]["fields"]:
         if f["name"] in item:
             f["type"] = {"type": "array", "items": item[f["name"]]}
-    named: dict[str, Any] = {}  # separate from the real codec's, so the names do not clash
-    return {name: parse_schema(s, named_schemas=named) for name, s in raw.items()}
+    return {name: parse_schema(s) for name, s in schemas.self_contained(raw).items()}
 
 
 def _avro_arrays() -> tuple[Encoder, Decoder]:
     schema = array_turn_schemas()["Trajectory"]
-    header = MAGIC + _fingerprint(schema)  # single-object encoding too, like the real codec
+    header = MAGIC + spec_fingerprint(schema)  # single-object encoding too, like the real codec
 
     def encode(traj: dict[str, Any]) -> bytes:
         out = io.BytesIO()

@@ -44,6 +44,7 @@ from rollstream import kafka
 from rollstream.broker import local
 from rollstream.codec import codec
 from rollstream.config import Settings, load
+from rollstream.events import TASK
 from rollstream.runtime import EventContext, Output, Stage, StageRuntime
 from rollstream.topics import create_topics, delete_topics
 
@@ -62,7 +63,7 @@ class PassThrough(Stage):
     """Re-emits every Task event unchanged to the episodes topic (the minimum a stage does)."""
 
     name = "bench-passthrough"
-    input_record = "Task"
+    input_record = TASK
 
     def __init__(self, settings: Settings) -> None:
         super().__init__(settings)
@@ -74,7 +75,7 @@ class PassThrough(Stage):
     def handle(self, event: dict, ctx: EventContext) -> list[Output]:
         if self.first_ns is None:
             self.first_ns = time.monotonic_ns()
-        return [Output(self.topics.episodes, event["task_id"], "Task", event)]
+        return [Output(self.topics.episodes, event["task_id"], TASK, event)]
 
 
 class Forward(PassThrough):
@@ -137,7 +138,7 @@ class PlainDesign:
                         continue
                     value = m.value()
                     if self.transcode:
-                        value = c.encode("Task", c.decode_as("Task", value))
+                        value = c.encode(TASK, c.decode_as(TASK, value))
                     kafka.produce(self.producer, out, value, key=m.key())
                 self.producer.poll(0)
             self.producer.flush(30)
@@ -160,7 +161,7 @@ def task_event(i: int, sent_ns: int | None = None) -> tuple[str, bytes]:
     meta = {"source": "benchmark"}
     if sent_ns is not None:
         meta["sent_ns"] = str(sent_ns)
-    value = codec().encode("Task", {
+    value = codec().encode(TASK, {
         "task_id": task_id,
         "env": "math",
         "prompt": f"What is {i} + {i % 97}? Answer with a number.",
@@ -265,7 +266,7 @@ def measure_latency(reader: Consumer, bootstrap: str, topic: str, rate: float, c
             now = time.monotonic_ns()
             if m.error() is not None:
                 continue
-            sent = c.decode_as("Task", m.value())["metadata"].get("sent_ns")
+            sent = c.decode_as(TASK, m.value())["metadata"].get("sent_ns")
             if sent is not None:
                 latencies.append(now - int(sent))
     sender.join(5)

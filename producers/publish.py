@@ -20,6 +20,7 @@ from rollstream.codec import codec
 from rollstream.config import Settings
 from rollstream.envs.registry import UnknownEnv, get_env
 from rollstream.envs.swe import sources as swe_sources
+from rollstream.events import TASK
 from rollstream.kafka import process_id, produce, producer
 
 
@@ -116,7 +117,7 @@ def _field_paths(schema: dict, named: dict[str, Any], path: str = "") -> dict[st
     paths = {schema["name"]: path}
     for f in schema["fields"]:
         if _record_fields(f["type"], named) is not None:
-            inner = named.get(f["type"], f["type"])
+            inner = named.get(f["type"], f["type"]) if isinstance(f["type"], str) else f["type"]
             paths.update(_field_paths(inner, named, f"{path}{f['name']}."))
     return paths
 
@@ -165,7 +166,7 @@ def validate_task(item: dict[str, Any], known_envs: set[str] | None = None,
     Beyond the schema, the task must meet the bounds of `settings` (rollstream.bounds; the
     default settings when None), the same check INIT applies.
     """
-    schema = codec().schemas["Task"]
+    schema = codec().schemas[TASK]
     task = _fill_defaults(schema["fields"], schema["__named_schemas"], item)
     if "data" in item:
         task["data"] = _normalize_data(item["data"])
@@ -205,7 +206,7 @@ def publish(settings: Settings, tasks: list[dict[str, Any]]) -> int:
     topic = settings.topics.tasks
     now_ms = int(time.time() * 1000)
     values = [
-        codec().encode("Task", {**t, "created_at_ms": t["created_at_ms"] or now_ms}) for t in tasks
+        codec().encode(TASK, {**t, "created_at_ms": t["created_at_ms"] or now_ms}) for t in tasks
     ]
     p = producer(settings, process_id(settings, "publish"))
     # The topic must exist, or the send would only fail at commit, after a delivery timeout.

@@ -27,6 +27,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource, ConfigSource, New
 
 from rollstream.codec import DecodeError, codec, unpack_ids, unpack_logprobs
 from rollstream.config import Settings
+from rollstream.events import POLICY_VERSION, SCORED_TRAJECTORY, TRAJECTORY
 from rollstream.kafka import consumer, process_id, produce, producer, read_partitions
 
 # read_partitions' deadline for reaching the end of every partition: generous, since a replay may
@@ -104,11 +105,11 @@ def _matches(value: dict, where: list[tuple[list[str], str]]) -> bool:
 
 
 def _has_policy_version(record: str, value: dict, version: int) -> bool:
-    if record == "PolicyVersion":
+    if record == POLICY_VERSION:
         return value["version"] == version
-    if record == "ScoredTrajectory":
+    if record == SCORED_TRAJECTORY:
         value = value["trajectory"]
-    elif record != "Trajectory":
+    elif record != TRAJECTORY:
         return False  # other events carry no policy version
     return any(turn["policy_version"] == version for turn in value["turns"])
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from rollstream.codec import codec
 from rollstream.config import Settings
+from rollstream.events import EPISODE
 from rollstream.runtime import InvalidEvent
 from rollstream.topics import TOPIC_SPECS
 
@@ -99,7 +100,7 @@ def _check_episode_size(task: dict[str, Any]) -> None:
     """The largest episode this task expands into must fit the `episodes` topic."""
     last = task["group_size"] - 1
     episode_id = f"{task['task_id']}#{last}"
-    encoded = codec().encode("Episode", {"episode_id": episode_id, "task": task,
+    encoded = codec().encode(EPISODE, {"episode_id": episode_id, "task": task,
                                          "sample_index": last, "created_at_ms": 2**62})
     # The key (the episode id) and record overhead count against the limit too.
     size = len(encoded) + len(episode_id.encode()) + RECORD_OVERHEAD

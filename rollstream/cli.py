@@ -3,23 +3,45 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 
-# Each module exposes register_cli(subparsers); it adds its parser(s) and sets `func`.
+import producers.cli
+import rollstream.broker.cli
+import rollstream.contracts
+import rollstream.controller
+import rollstream.demo
+import rollstream.dlq
+import rollstream.envs.cli
+import rollstream.gateway.cli
+import rollstream.policy.cli
+import rollstream.policy.scripted
+import rollstream.sandbox.cli
+import rollstream.stats
+import rollstream.status
+import rollstream.topics
+import stages.cli
+import trainer_bridge.cli
+
+# Each module exposes register_cli(subparsers); it adds its parser(s) and sets `func`. Imported
+# explicitly (not by name) so the import-linter contracts in pyproject.toml see these edges.
 # Heavy imports (torch, aiohttp) stay inside the commands so `rollstream --help` is instant.
 FEATURE_MODULES = [
-    "rollstream.broker.cli",
-    "rollstream.topics",
-    "stages.cli",
-    "trainer_bridge.cli",
-    "rollstream.policy.cli",
-    "rollstream.policy.scripted",
-    "rollstream.controller",
-    "producers.cli",
-    "rollstream.envs.cli",
-    "rollstream.sandbox.cli",
-    "rollstream.demo",
+    rollstream.broker.cli,
+    rollstream.topics,
+    rollstream.contracts,
+    stages.cli,
+    trainer_bridge.cli,
+    rollstream.policy.cli,
+    rollstream.policy.scripted,
+    rollstream.controller,
+    producers.cli,
+    rollstream.envs.cli,
+    rollstream.gateway.cli,
+    rollstream.sandbox.cli,
+    rollstream.demo,
+    rollstream.status,
+    rollstream.dlq,
+    rollstream.stats,
 ]
 
 
@@ -29,8 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Rollout-as-a-service for multi-turn LLM agent RL on Apache Kafka.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name in FEATURE_MODULES:
-        importlib.import_module(name).register_cli(sub)
+    for module in FEATURE_MODULES:
+        module.register_cli(sub)
     return parser
 
 

@@ -14,44 +14,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-
-@dataclass(frozen=True)
-class Topics:
-    """The topic graph, all names under one prefix."""
-
-    prefix: str = "rollstream"
-
-    @cached_property
-    def tasks(self) -> str:
-        return f"{self.prefix}.tasks"
-
-    @cached_property
-    def episodes(self) -> str:
-        return f"{self.prefix}.episodes"
-
-    @cached_property
-    def episode_state(self) -> str:
-        return f"{self.prefix}.episode-state"
-
-    @cached_property
-    def trajectories(self) -> str:
-        return f"{self.prefix}.trajectories"
-
-    @cached_property
-    def scored(self) -> str:
-        return f"{self.prefix}.scored"
-
-    @cached_property
-    def policy(self) -> str:
-        return f"{self.prefix}.policy"
-
-    @cached_property
-    def dlq(self) -> str:
-        return f"{self.prefix}.dlq"
-
-    @cached_property
-    def seen(self) -> str:
-        return f"{self.prefix}.seen"
+from rollstream.graph import Topics
 
 
 @dataclass(frozen=True)
@@ -96,10 +59,30 @@ class Settings:
     health_interval_s: float = field(
         default=2.0, metadata={"help": "how often inference servers' health and load are read"}
     )
+    metrics_port: int = field(
+        default=0,
+        metadata={"help": "serve Prometheus metrics on this port at /metrics (long-running "
+                          "processes); 0: off"},
+    )
     tokenizer_path: str = field(
         default="",
         metadata={"help": "local Hugging Face tokenizer directory whose chat template RUN "
                           "renders (empty: the embedded policy's template)"},
+    )
+    gateway_port: int = field(
+        default=0,
+        metadata={"help": "port of RUN's OpenAI-compatible gateway for harness episodes, on "
+                          "127.0.0.1 (0: a free port)"},
+    )
+    chat_template: str = field(
+        default="",
+        metadata={"help": "a Jinja chat template file used instead of the tokenizer's (e.g. "
+                          "one that keeps earlier reasoning: rollstream/policy/templates/)"},
+    )
+    chat_template_kwargs: str = field(
+        default="",
+        metadata={"help": 'JSON object passed to the chat template, e.g. '
+                          '\'{"enable_thinking": false}\''},
     )
     # Bounds at the door (rollstream.bounds): checked by `publish`, INIT and RUN.
     max_group_size: int = field(
@@ -201,15 +184,6 @@ def load(args: argparse.Namespace | None = None, **overrides: Any) -> Settings:
                 values[f.name] = flag
     values.update(overrides)
     return replace(settings, **values)
-
-
-def load_resolved(args: argparse.Namespace) -> Settings:
-    """Settings for a command that talks to Kafka: the broker address resolved (the bundled
-    broker is started when nothing is configured)."""
-    from rollstream.broker.local import resolve_bootstrap
-
-    settings = load(args)
-    return replace(settings, bootstrap_servers=resolve_bootstrap(settings.bootstrap_servers))
 
 
 def log_to_stderr() -> None:

@@ -6,10 +6,21 @@
   so a turn's version is the adapter it named. Adapters older than the previous one are unloaded.
 - full weights, embedded policy server: `POST /v1/load_weights {path, version}`; the server
   drains its running batch on the old weights before it swaps.
-- full weights, vLLM (VLLM_SERVER_DEV_MODE=1): `/pause?mode=wait` → clear the version stamp →
-  `/collective_rpc reload_weights {weights_path}` → `/reset_prefix_cache` → stamp version N →
-  `/resume`. The stamp is rollstream.vllm_middleware's; without it vLLM responses carry no
-  version and RUN records -1 (unknown) rather than a guess.
+- full weights, vLLM (VLLM_SERVER_DEV_MODE=1), by what the server is (`GET /version`,
+  `GET /weight_info`):
+  - vLLM 0.33+: `/pause?mode=keep` (requests queue rather than fail) →
+    `/collective_rpc reload_weights {weights_path}` → `/reset_prefix_cache` →
+    `/update_weight_version {new_version: "N"}` → `/resume`. Responses then carry native
+    `choices[].weight_versions`; no middleware is needed (and none would be right with several
+    API-server processes).
+  - vLLM 0.12: its `reload_weights()` takes no arguments and re-reads the path the server was
+    started from, so full reloads work in place only: the trainer writes each checkpoint to
+    that path and publishes it as the event's `uri`; any other `uri` is refused before anything
+    is paused (use LoRA, or vLLM 0.33). `/pause?wait_for_inflight_requests=true` → clear the
+    stamp → `reload_weights` → `/reset_prefix_cache` → stamp N → `/resume`, where the stamp is
+    rollstream.vllm_middleware's; a failed reload puts the previous stamp back.
+  Without the middleware or native labels, responses carry no version and RUN records -1
+  (unknown) rather than a guess.
 
 `rollstream controller` runs it as a service: it reads <p>.policy from the beginning (the topic
 holds one small event per trainer step, and the newest version is the one every server must
@@ -30,7 +41,9 @@ from typing import Any
 
 import aiohttp
 
-from rollstream import config
+from rollstream import config, metrics
+from rollstream.broker import with_broker
+from rollstream.events import POLICY_VERSION
 from rollstream.vllm_middleware import VERSION_PATH
 
 log = logging.getLogger("rollstream.controller")
@@ -82,14 +95,19 @@ async def apply_policy(
 
 async def current_version(session: aiohttp.ClientSession, url: str) -> int | None:
     """The policy version a server reports it serves: the newest Rollstream LoRA adapter it
-    lists, else its version stamp (embedded server, or vLLM with the middleware); None if it
-    reports none or cannot be reached."""
+    lists, else vLLM's native weight label (when it is a number), else its version stamp
+    (embedded server, or vLLM with the middleware); None if it reports none or cannot be
+    reached."""
     try:
         models = await _call(session, "GET", url, "/v1/models")
         adapters = [lora_version(str(m.get("id", ""))) for m in models.get("data", [])]
         versions = [v for v in adapters if v is not None]
         if versions:
             return max(versions)
+        info = await _call(session, "GET", url, "/weight_info", missing_ok=True)
+        if isinstance(info, dict):
+            label = str(info.get("weight_version"))
+            return int(label) if label.isdigit() else None
         stamp = await _call(session, "GET", url, VERSION_PATH, missing_ok=True)
     except (aiohttp.ClientError, TimeoutError, ApplyError, AttributeError):
         return None
@@ -110,7 +128,7 @@ async def _apply(session: aiohttp.ClientSession, url: str, event: Mapping[str, A
                         {"path": event["uri"], "version": version})
             detail = "load_weights"
         else:
-            detail = await _reload_vllm(session, url, version, event["uri"])
+            detail = await _reload_vllm(session, url, version, event["uri"], models)
     except (aiohttp.ClientError, TimeoutError, ApplyError) as exc:
         log.warning("policy v%d on %s failed: %s", version, url, exc)
         return Applied(url, version, False, f"{type(exc).__name__}: {exc}")
@@ -132,37 +150,113 @@ async def _load_lora(session: aiohttp.ClientSession, url: str, version: int, uri
     return f"load_lora_adapter {name}" + (f", unloaded {', '.join(stale)}" if stale else "")
 
 
-async def _reload_vllm(session: aiohttp.ClientSession, url: str, version: int, uri: str) -> str:
+@dataclass(frozen=True)
+class VllmServer:
+    """What a vLLM server supports for a full-weight update, read from the server itself."""
+
+    version: tuple[int, ...]  # from GET /version; (0,) when it does not say
+    native_versions: bool  # /weight_info and /update_weight_version exist (weight labels)
+    root: str  # the path the server loaded its model from (its /v1/models card)
+
+    @property
+    def reloads_from_path(self) -> bool:
+        """`reload_weights(weights_path=...)`: vLLM 0.33 has it; in 0.12 the worker's
+        `reload_weights()` takes no arguments and re-reads the launch path."""
+        return self.version >= RELOAD_PATH_SINCE or self.native_versions
+
+
+RELOAD_PATH_SINCE = (0, 33)
+
+
+def parse_version(text: str) -> tuple[int, ...]:
+    """`0.12.0`, `0.33.1rc1.dev3+g...` -> (0, 12, 0), (0, 33, 1); (0,) when unreadable."""
+    parts = re.findall(r"\d+", text.split("+")[0].split("rc")[0].split(".dev")[0])
+    return tuple(int(p) for p in parts[:3]) or (0,)
+
+
+async def probe_vllm(session: aiohttp.ClientSession, url: str, models: Any) -> VllmServer:
+    about = await _call(session, "GET", url, "/version", missing_ok=True)
+    version = parse_version(str(about.get("version", ""))) if isinstance(about, dict) else (0,)
+    native = await _call(session, "GET", url, "/weight_info", missing_ok=True) is not _MISSING
+    cards = models.get("data", []) if isinstance(models, dict) else []
+    root = str(cards[0].get("root") or cards[0].get("id")) if cards else ""
+    return VllmServer(version, native, root)
+
+
+async def _reload_vllm(session: aiohttp.ClientSession, url: str, version: int, uri: str,
+                       models: Any) -> str:
+    server = await probe_vllm(session, url, models)
+    if not server.reloads_from_path and uri.rstrip("/") != server.root.rstrip("/"):
+        # Refuse before pausing anything: nothing on the server changes.
+        raise ApplyError(
+            f"vLLM {'.'.join(map(str, server.version))} reloads full weights only from the "
+            f"path it was started with ({server.root}); write each checkpoint there and "
+            f"publish that path, use LoRA updates, or run vLLM >= 0.33")
+    if server.native_versions:
+        return await _reload_native(session, url, version, uri)
+    return await _reload_legacy(session, url, version)
+
+
+async def _reload_native(session: aiohttp.ClientSession, url: str, version: int,
+                         uri: str) -> str:
+    """vLLM 0.33: `mode=keep` queues new requests instead of answering 503 (`wait` and
+    `abort` reject them until /resume), and the engine labels the tokens each weight version
+    sampled (`choices[].weight_versions`). The label is set only after a complete reload, so
+    a failed one leaves the old label, which still names the weights in use."""
     steps: list[str] = []
-    # mode=wait is vLLM 0.33's spelling, wait_for_inflight_requests the older one; each
-    # version ignores the other's query parameter.
-    pause = {"mode": "wait", "wait_for_inflight_requests": "true", "clear_cache": "true"}
-    paused = await _call(session, "POST", url, "/pause", params=pause, missing_ok=True)
-    paused_ok = paused is not _MISSING
-    if paused_ok:
-        steps.append("pause")
-    stamped = await _call(session, "POST", url, VERSION_PATH, {"version": None},
-                          missing_ok=True) is not _MISSING
+    await _call(session, "POST", url, "/pause", params={"mode": "keep"})
+    steps.append("pause keep")
     try:
-        reloaded = await _call(session, "POST", url, "/collective_rpc",
-                               {"method": "reload_weights", "kwargs": {"weights_path": uri}},
-                               missing_ok=True)
-        if reloaded is _MISSING:
-            raise ApplyError("POST /collective_rpc: not found; start vLLM with "
-                             "VLLM_SERVER_DEV_MODE=1 to reload weights")
+        await _call(session, "POST", url, "/collective_rpc",
+                    {"method": "reload_weights", "kwargs": {"weights_path": uri}})
         steps.append("reload_weights")
         if await _call(session, "POST", url, "/reset_prefix_cache",
                        missing_ok=True) is not _MISSING:
             steps.append("reset_prefix_cache")
-        if stamped:
-            # Only after a complete reload: a failed one leaves the stamp cleared, so RUN never
-            # records a version for weights in an unknown state.
-            await _call(session, "POST", url, VERSION_PATH, {"version": version})
+        await _call(session, "POST", url, "/update_weight_version",
+                    {"new_version": str(version)})
+        steps.append(f"weight_version {version}")
+        # A server that also runs the middleware: keep its header in step.
+        if await _call(session, "POST", url, VERSION_PATH, {"version": version},
+                       missing_ok=True) is not _MISSING:
             steps.append(f"stamp v{version}")
     finally:
-        if paused_ok:
-            await _call(session, "POST", url, "/resume")
-            steps.append("resume")
+        await _call(session, "POST", url, "/resume")
+        steps.append("resume")
+    return ", ".join(steps)
+
+
+async def _reload_legacy(session: aiohttp.ClientSession, url: str, version: int) -> str:
+    """vLLM 0.12: `/pause` lets running requests finish and holds new ones until /resume;
+    `reload_weights()` re-reads the launch path, where the new checkpoint already is. The
+    version comes from rollstream.vllm_middleware's stamp: cleared for the window, set to N
+    after a complete reload, and put back to the previous version after a failed one (the
+    reload failed before it replaced the weights in use, as vLLM's own label semantics
+    assume), so a server never stays without a version."""
+    steps: list[str] = []
+    previous = await _call(session, "GET", url, VERSION_PATH, missing_ok=True)
+    stamped = isinstance(previous, dict)
+    # wait_for_inflight_requests is 0.12's spelling; mode=keep is ignored there.
+    pause = {"wait_for_inflight_requests": "true", "clear_cache": "true"}
+    await _call(session, "POST", url, "/pause", params=pause)
+    steps.append("pause")
+    done = False
+    try:
+        if stamped:
+            await _call(session, "POST", url, VERSION_PATH, {"version": None})
+        await _call(session, "POST", url, "/collective_rpc", {"method": "reload_weights"})
+        steps.append("reload_weights (from the launch path)")
+        if await _call(session, "POST", url, "/reset_prefix_cache",
+                       missing_ok=True) is not _MISSING:
+            steps.append("reset_prefix_cache")
+        done = True
+    finally:
+        if stamped:
+            restored = version if done else previous.get("version")
+            await _call(session, "POST", url, VERSION_PATH, {"version": restored})
+            steps.append(f"stamp v{restored}")
+        await _call(session, "POST", url, "/resume")
+        steps.append("resume")
     return ", ".join(steps)
 
 
@@ -218,7 +312,7 @@ class Controller:
                         if msg.error() is not None:
                             continue
                         try:
-                            event = codec().decode_as("PolicyVersion", msg.value())
+                            event = codec().decode_as(POLICY_VERSION, msg.value())
                         except DecodeError as exc:
                             log.warning("skipping an undecodable policy event: %s", exc)
                             continue
@@ -254,7 +348,9 @@ def register_cli(sub: Any) -> None:
         description="Consume <prefix>.policy and load each new PolicyVersion into every "
                     "inference server in --policy-url / --policy-url-file: LoRA adapters via "
                     "/v1/load_lora_adapter, full weights via the embedded server's "
-                    "/v1/load_weights or vLLM's dev-mode pause / reload_weights / resume.")
+                    "/v1/load_weights or vLLM's dev-mode pause / reload_weights / resume "
+                    "(vLLM 0.33: from the event's path, with native weight labels; vLLM "
+                    "0.12: in place, from the path the server was started with).")
     config.add_arguments(parser)
     parser.set_defaults(func=_run)
 
@@ -265,7 +361,8 @@ def _run(args: argparse.Namespace) -> int:
 
 
     config.log_to_stderr()
-    settings = config.load_resolved(args)
+    settings = with_broker(config.load(args))
+    metrics.serve(settings.metrics_port)
     controller = Controller(settings)
 
     async def main() -> None:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from rollstream import config
 from rollstream.loop import LoopConfig
+from rollstream.policy.chat import sample_count
 
 
 def register_cli(sub: argparse._SubParsersAction) -> None:
@@ -143,6 +144,11 @@ def _summary(console, progress, expected: int, elapsed: float, plot: Path) -> No
                     f"{_mean(first):.3f} → {_mean(last):.3f}")
     summary.add_row("mean reward, all", f"{statistics.fmean(rewards):.3f}" if rewards else "-")
     summary.add_row("failure classes", ", ".join(f"{k}={v}" for k, v in sorted(classes.items())))
+    # Each new sample re-sends and trains the whole context: the cost of a template that
+    # re-renders history (one per episode when the conversation is append-only).
+    samples = [sample_count(s["trajectory"]["turns"]) for s in progress.scored]
+    summary.add_row("training samples per episode",
+                    f"{statistics.fmean(samples):.2f} ({sum(samples)} in all)" if samples else "-")
     summary.add_row("plot", str(plot))
     console.print(summary)
     console.print(_latency_table(progress.scored))

@@ -27,15 +27,15 @@ from typing import Any
 
 import aiohttp
 
+import schemas
+from rollstream.events import SAMPLING_PARAMS
+
 # Rollstream extension header: the policy version that produced a completion; real vLLM lacks it.
 POLICY_VERSION_HEADER = "X-Rollstream-Policy-Version"
-# Defaults of the Avro SamplingParams record, used for keys a caller leaves out.
+# Defaults of the Avro SamplingParams record (the one definition of a task's sampling), used for
+# keys a caller leaves out. The embedded server's own defaults are vLLM's, for bodies without them.
 SAMPLING_DEFAULTS: dict[str, Any] = {
-    "temperature": 1.0,
-    "top_p": 1.0,
-    "top_k": -1,
-    "max_tokens": 64,
-    "seed": None,
+    f["name"]: f["default"] for f in schemas.raw_schemas()[SAMPLING_PARAMS]["fields"]
 }
 _OVERFLOW = re.compile(r"maximum context length|maximum model length|max_model_len", re.I)
 _MAX_LEN = re.compile(r"maximum (?:context|model) length (?:is|of) (\d+)", re.I)
@@ -60,6 +60,15 @@ class ServerError(InferenceError):
                  unreachable: bool = False) -> None:
         super().__init__(message, server=server, status=status)
         self.unreachable = unreachable  # no connection at all: the server is down
+
+
+class ServerUpdating(ServerError):
+    """The server is inside a weight update (paused, or between versions): retry once it is
+    done. Not a failure of the server: it neither counts toward ejection nor the retry budget."""
+
+
+class ServerPaused(ServerUpdating):
+    """503 from a vLLM paused with `mode=wait` or `mode=abort` ("Generation is paused")."""
 
 
 class BadRequest(InferenceError):
@@ -115,6 +124,9 @@ class Completion:
     server: str
     policy_version: int | None  # None when the server does not report it (real vLLM)
     latency_ms: float
+    # vLLM 0.33's `choices[].weight_versions`: [{version, start, end}] over the output tokens
+    # (the label set with /update_weight_version); None from servers without it.
+    weight_versions: list[dict[str, Any]] | None = None
 
 
 def request_body(
@@ -157,6 +169,8 @@ def request_body(
             "spaces_between_special_tokens": False,
             "logprobs": 0,  # the sampled token's logprob only
             "return_token_ids": True,
+            # vLLM 0.33 labels which weights sampled each token; older servers ignore the field.
+            "return_weight_versions": True,
             "echo": False,
             "stream": False,
         }
@@ -245,6 +259,7 @@ class InferenceClient:
             finish_reason = str(choice["finish_reason"])
             text = str(choice["text"])
             echoed = choice.get("prompt_token_ids")
+            spans = choice.get("weight_versions")
         except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
             # e.g. token_ids null: the server ignored return_token_ids (vLLM older than 0.10.2)
             raise InferenceError(
@@ -267,6 +282,7 @@ class InferenceClient:
             server=self.base_url,
             policy_version=int(version) if version is not None and version.isdigit() else None,
             latency_ms=latency_ms,
+            weight_versions=list(spans) if isinstance(spans, list) else None,
         )
 
     async def _send(
@@ -296,7 +312,9 @@ class InferenceClient:
         if status >= 400:
             message = _error_message(raw)
             kind: type[InferenceError]
-            if status >= 500 or status == 429:
+            if status == 503 and "paused" in message.lower():
+                kind = ServerPaused
+            elif status >= 500 or status == 429:
                 kind = ServerError
             elif status == 400 and _OVERFLOW.search(message):
                 kind = ContextOverflow

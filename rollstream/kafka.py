@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import time
@@ -11,7 +12,10 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
+from rollstream.codec import headers_for
 from rollstream.config import Settings
+
+log = logging.getLogger("rollstream.kafka")
 
 
 def process_id(settings: Settings, role: str) -> str:
@@ -53,6 +57,8 @@ def producer(settings: Settings, transactional_id: str | None = None, **extra: A
         "compression.type": "lz4",
         "message.max.bytes": 16 * 1024 * 1024,
         "enable.idempotence": True,
+        # Java's partitioner: a key lands on the same partition as from a Java or Streams client.
+        "partitioner": "murmur2_random",
     }
     if transactional_id:
         conf["transactional.id"] = transactional_id
@@ -69,7 +75,7 @@ def produce(p: Producer, topic: str, value: bytes | None, key: str | bytes | Non
     part = -1 if partition is None else partition  # -1: let the partitioner choose
     while True:
         try:
-            p.produce(topic, value, key, part)
+            p.produce(topic, value, key, part, headers=headers_for(value))
             return
         except BufferError:
             p.poll(0.05)
@@ -77,7 +83,10 @@ def produce(p: Producer, topic: str, value: bytes | None, key: str | bytes | Non
 
 def reader(settings: Settings, partitions: list[TopicPartition], **extra: Any) -> Consumer:
     """A consumer that reads the given partitions (from their offsets), committed data only,
-    outside any consumer group: for following or inspecting a topic, never for sharing work."""
+    outside any consumer group: for following or inspecting a topic, never for sharing work.
+
+    It rides out broker restarts and leader moves by itself (the client reconnects and resumes
+    at its position); errors it reports meanwhile are not fatal, and readers skip them."""
     c = Consumer({
         **settings.kafka(),
         "group.id": f"rollstream-reader-{uuid.uuid4().hex[:8]}",  # required, never joined
@@ -107,7 +116,10 @@ def read_partitions(settings: Settings, partitions: list[TopicPartition],
                     yield msg
                 elif err.code() == KafkaError._PARTITION_EOF:
                     remaining.discard((msg.topic(), msg.partition()))
-                else:
+                elif err.fatal() or err.code() in (KafkaError._UNKNOWN_TOPIC,
+                                                   KafkaError._UNKNOWN_PARTITION):
                     raise KafkaException(err)
+                else:  # a broker restarting or a leader moving: the client retries
+                    log.info("reading %s: %s", msg.topic(), err)
     finally:
         c.close()

@@ -20,6 +20,8 @@ from rollstream import kafka
 from rollstream.codec import codec
 from rollstream.config import Settings
 from rollstream.envs.copy_letter import LETTERS, demo_tasks
+from rollstream.events import POLICY_VERSION, SCORED_TRAJECTORY
+from rollstream.graph import BY_ATTR, STAGES, input_of, partition_count
 from rollstream.processes import ProcessGroup, free_port, wait_http
 
 
@@ -38,9 +40,6 @@ def write_base_policy(path: Path, alphabet: str = LETTERS, seed: int = 0) -> Non
             bias[ord(ch)] = 0.0
         bias[END] = -1.0
     save(model, path, version=0)
-
-
-STAGE_INPUTS = {"init": "tasks", "run": "episodes", "eval": "trajectories"}  # Topics attributes
 
 
 @dataclass
@@ -113,12 +112,12 @@ class ClosedLoop:
 
     def follow(self, deadline: float) -> Iterator[Progress]:
         """Yield the progress every half second until the deadline (or the caller stops)."""
-        scored = self._reader(self.settings.topics.scored)
-        policy = self._reader(self.settings.topics.policy)
+        scored = self._reader("scored")
+        policy = self._reader("policy")
         while time.time() < deadline:
             self.procs.check_alive()
-            for reader, record, into in ((scored, "ScoredTrajectory", self.progress.scored),
-                                         (policy, "PolicyVersion", self.progress.versions)):
+            for reader, record, into in ((scored, SCORED_TRAJECTORY, self.progress.scored),
+                                         (policy, POLICY_VERSION, self.progress.versions)):
                 for msg in reader.consume(1000, timeout=0.25):
                     if msg.error() is None:
                         into.append(codec().decode_as(record, msg.value()))
@@ -127,24 +126,28 @@ class ClosedLoop:
             yield self.progress
         raise TimeoutError("the loop did not finish in time")
 
-    def _reader(self, topic: str) -> Consumer:
-        parts = range(self.settings.partitions)
-        c = kafka.reader(self.settings, [TopicPartition(topic, p, 0) for p in parts])
+    def _reader(self, attr: str) -> Consumer:
+        """A reader of every partition of the graph's topic `attr`, from the start."""
+        topic = BY_ATTR[attr]
+        name = topic.name(self.settings.topics)
+        parts = range(partition_count(topic, self.settings.partitions))
+        c = kafka.reader(self.settings, [TopicPartition(name, p, 0) for p in parts])
         self._consumers.append(c)
         return c
 
     def stage_lag(self) -> dict[str, int]:
         """Events waiting in each stage's input topic (end offset minus committed offset)."""
         if not self._probes:  # one per stage group, made once: the display asks every refresh
-            for stage in STAGE_INPUTS:
+            for stage in STAGES:
                 self._probes[stage] = Consumer({**self.settings.kafka(),
-                                                "group.id": f"{self.settings.prefix}.{stage}"})
+                                                "group.id": self.settings.topics.group(stage)})
             self._consumers.extend(self._probes.values())
         topics = self.settings.topics
         lag = {}
         for stage, probe in self._probes.items():
-            parts = [TopicPartition(getattr(topics, STAGE_INPUTS[stage]), p)
-                     for p in range(self.settings.partitions)]
+            source = input_of(stage)
+            parts = [TopicPartition(source.name(topics), p)
+                     for p in range(partition_count(source, self.settings.partitions))]
             committed = probe.committed(parts, timeout=5)
             ends = [probe.get_watermark_offsets(tp, timeout=5, cached=False)[1] for tp in parts]
             # Transaction markers take offsets too: a small overcount while work flows.

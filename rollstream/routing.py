@@ -17,9 +17,11 @@
   eject it too, until a later health check finds it answering again.
 - Policy version: a response's `X-Rollstream-Policy-Version` header (embedded server, or vLLM
   with rollstream.vllm_middleware) is exact. A server with Rollstream LoRA adapters is sent the
-  newest adapter by name, and that adapter's version is the turn's. A server that stamped its
+  newest adapter by name, and that adapter's version is the turn's. vLLM 0.33's own labels
+  (`choices[].weight_versions`, set by the controller) come next. A server that stamped its
   responses before and sends one without a stamp is inside a weight update: `VersionUnknown`,
   and RUN samples the turn again. A server that never stamps gives -1 (unknown), never a guess.
+  Update windows (`VersionUnknown`, a paused vLLM's 503) do not count as server failures.
 """
 
 from __future__ import annotations
@@ -31,8 +33,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rollstream import metrics
 from rollstream.controller import lora_version
-from rollstream.inference import Completion, InferenceClient, InferenceError, ServerError
+from rollstream.inference import (
+    Completion,
+    InferenceClient,
+    InferenceError,
+    ServerError,
+    ServerUpdating,
+)
 
 log = logging.getLogger("rollstream.routing")
 
@@ -44,8 +53,19 @@ class NoServer(ServerError):
     """No usable inference server right now (all down, ejected or removed)."""
 
 
-class VersionUnknown(ServerError):
+class VersionUnknown(ServerUpdating):
     """The response came from a server in the middle of a weight update: sample it again."""
+
+
+def labelled_version(spans: Sequence[Mapping[str, Any]]) -> int:
+    """The turn's version from vLLM's `weight_versions` spans. A turn paused (`mode=keep`)
+    across an update has two spans; it records the oldest, so staleness is never understated
+    (its logprobs are still each token's own). A label that is not a number (vLLM's initial
+    "default") is unknown."""
+    labels = [str(span.get("version")) for span in spans]
+    if not all(label.isdigit() for label in labels):
+        return UNKNOWN_VERSION
+    return min(int(label) for label in labels)
 
 
 @dataclass
@@ -134,6 +154,7 @@ class Router:
         if old is not None:
             old.episodes -= 1
             self.migrations += 1
+            metrics.migrated(old.url)
             log.info("episode %s moves from %s to %s", episode_id, old.url, server.url)
         self.pins[episode_id] = server
         server.episodes += 1
@@ -156,15 +177,19 @@ class Router:
                 prompt_ids, sampling, stop_token_ids, model=lora[0] if lora else None)
         except ServerError as exc:
             self._failed(server, exc)
+            metrics.inference_request(server.url, ok=False)
             raise
         finally:
             server.in_flight -= 1
         server.failures = 0
         server.healthy = True
+        metrics.inference_request(server.url, ok=True)
         if completion.policy_version is not None:
             server.stamps_versions = True
         elif lora is not None:
             completion.policy_version = lora[1]  # the adapter the request named
+        elif completion.weight_versions:
+            completion.policy_version = labelled_version(completion.weight_versions)
         elif server.stamps_versions:
             raise VersionUnknown("response without a policy version: weights being updated",
                                  server=server.url)
@@ -173,6 +198,8 @@ class Router:
         return completion
 
     def _failed(self, server: Server, exc: ServerError) -> None:
+        if isinstance(exc, ServerUpdating):
+            return  # a weight update, not a failing server
         server.failures += 1
         if server.healthy and (exc.unreachable or server.failures >= EJECT_AFTER):
             server.healthy = False
@@ -224,3 +251,4 @@ class Router:
         adapters = [(lora_version(str(m.get("id", ""))), str(m.get("id"))) for m in models]
         newest = max(((v, name) for v, name in adapters if v is not None), default=None)
         server.lora = (newest[1], newest[0]) if newest else None
+        metrics.server_probed(server)

@@ -44,7 +44,7 @@ from typing import Any, ClassVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from rollstream import kafka
+from rollstream import kafka, metrics
 from rollstream.checkpoint import (
     CALL_TIMEOUT_S,
     Checkpoint,
@@ -58,6 +58,7 @@ from rollstream.checkpoint import (
 )
 from rollstream.codec import DecodeError, codec
 from rollstream.config import Settings, Topics
+from rollstream.events import DEAD_LETTER
 from rollstream.offsets import PartitionProgress, decode_done
 from rollstream.topics import record_limits
 
@@ -117,7 +118,7 @@ def dead_letter(topics: Topics, stage: str, msg: Message, reason: str,
         key = key[: min(len(key), room // 4)]
         value = None if value is None else value[: room - 2 * len(key)]
         reason = f"{reason} [key and value truncated from {size} bytes]"
-    return Output(topics.dlq, key, "DeadLetter", {
+    return Output(topics.dlq, key, DEAD_LETTER, {
         "stage": stage,
         "reason": reason,
         "source_topic": msg.topic(),
@@ -173,13 +174,14 @@ class StageRuntime:
         self.stage = stage
         self.settings = settings
         self.topic = stage.input_topic()
-        self.group = f"{settings.prefix}.{stage.name}"
+        self.group = settings.topics.group(stage.name)
         self.drain_timeout_s = drain_timeout_s
         self.checkpoint = Checkpoint(settings, kafka.process_id(settings, self.group),
                                      deadline=self._deadline)
         self.consumer = self._new_consumer()
         self.codec = codec()
         self.stats: Counter[str] = Counter()
+        self.metrics = metrics.for_stage(stage.name)
         self._limits = record_limits(settings.topics)
         self._dlq_limit = self._limits.get(settings.topics.dlq)
         self._async = inspect.iscoroutinefunction(stage.handle)
@@ -190,6 +192,10 @@ class StageRuntime:
         self._progress: dict[int, PartitionProgress] = {}
         self._tasks: dict[asyncio.Task, tuple[int, Message]] = {}
         self._paused: set[int] = set()
+        # Which input each output of the open transaction came from, and inputs whose output the
+        # broker refused: redone, they are dead-lettered instead of failing the transaction again.
+        self._sources: dict[tuple[str, str | bytes], tuple[int, int]] = {}
+        self._poison: dict[tuple[int, int], str] = {}
         self._consumer_fences = FenceCounter(f"consumer of group {self.group}")
         self._consumer_failed: KafkaError | None = None
         self._needs_rewind = False
@@ -242,8 +248,8 @@ class StageRuntime:
             log.warning("stage %s: stopped while the cluster did not answer (%s); what was not "
                         "committed is redone by the next owner", self.stage.name, exc)
         finally:
+            close_bounded(self.consumer, CALL_TIMEOUT_S)  # leaving: a revoke commits first
             self.checkpoint.close()
-            close_bounded(self.consumer, CALL_TIMEOUT_S)
             await self.stage.close()
         log.info("stage %s stopped: %s", self.stage.name, dict(self.stats))
 
@@ -268,6 +274,7 @@ class StageRuntime:
         if room is not None:
             free = min(free, room)
         self._apply_backpressure(free)
+        self.metrics.in_flight(len(self._tasks))
         if free <= 0:
             self.consumer.poll(0)  # keep the group session alive while paused
             return
@@ -312,6 +319,8 @@ class StageRuntime:
             progress.passed(offset)
             handled += 1
         self.stats["processed"] += handled
+        self.metrics.consumed(handled)
+        self.metrics.finished_batch(msgs)
 
     async def _wait(self) -> None:
         if self._tasks:
@@ -330,6 +339,7 @@ class StageRuntime:
         if resume:
             self.consumer.resume([TopicPartition(self.topic, p) for p in resume])
         self._paused = want
+        self.metrics.paused(len(want))
 
     def _accept(self, msg: Message) -> PartitionProgress | None:
         """The progress of the event's partition, or None when there is nothing to handle: a
@@ -346,6 +356,13 @@ class StageRuntime:
             self.stats["skipped"] += 1
             progress.passed(msg.offset())
             return None
+        if self._poison and progress is not None:
+            reason = self._poison.pop((msg.partition(), msg.offset()), None)
+            if reason is not None:
+                self._send_dead_letter(msg, reason)
+                progress.passed(msg.offset())
+                self.stats["processed"] += 1
+                return None
         return progress
 
     def _dispatch(self, msg: Message) -> None:
@@ -399,11 +416,13 @@ class StageRuntime:
             self._send_dead_letter(msg, dead_letter)
         try:
             records = [(out, self._encode(out)) for out in outputs]
-        except (OutputTooLarge, ValueError) as exc:  # ValueError: the codec rejected a record
+        except Exception as exc:  # too large, or the codec rejected a record
             records = []
             self._send_dead_letter(msg, self._reason(exc))
         self._produce_all(msg, records)
         self.stats["processed"] += 1
+        self.metrics.consumed()
+        self.metrics.finished(msg.timestamp()[1])
 
     def _encode(self, out: Output) -> bytes | None:
         """The output's bytes, checked against its topic's record limit."""
@@ -420,22 +439,27 @@ class StageRuntime:
         return value
 
     def _produce_all(self, msg: Message, records: list[tuple[Output, bytes | None]]) -> None:
-        produce = self.checkpoint.produce
+        produce, sources = self.checkpoint.produce, self._sources
+        source = (msg.partition(), msg.offset())
         for out, value in records:
+            sources[(out.topic, out.key)] = source
             try:
                 produce(out.topic, value, out.key, out.partition)
             except RecordRefused as exc:
                 self._send_dead_letter(msg, self._reason(exc))
                 return
+            self.metrics.produced(out.topic)
 
     def _emit(self, out: Output) -> None:
         value = self._encode(out)
         self.checkpoint.produce(out.topic, value, out.key, out.partition)
+        self.metrics.produced(out.topic)
 
     def _send_dead_letter(self, msg: Message, reason: str) -> None:
         log.warning("stage %s: dead-letter %s[%d]@%d: %s", self.stage.name, msg.topic(),
                     msg.partition(), msg.offset(), reason[:1000])
         self.stats["dead_lettered"] += 1
+        self.metrics.dead_lettered()
         self._emit(dead_letter(self.settings.topics, self.stage.name, msg, reason,
                                self._dlq_limit))
 
@@ -462,17 +486,22 @@ class StageRuntime:
             return
         offsets = [TopicPartition(self.topic, p, prog.watermark, metadata=prog.metadata())
                    for p, prog in dirty.items()]
+        started = time.monotonic()
         self.checkpoint.commit(offsets, self.consumer.consumer_group_metadata)
+        self._sources.clear()
         self.stats["commits"] += 1
+        self.metrics.committed(time.monotonic() - started)
         for prog in dirty.values():
             prog.dirty = False
 
     def _forget_work(self) -> list[int]:
         """Drop in-flight work and progress (nothing of it is committed); the partitions held."""
         self.checkpoint.abort()
+        self.metrics.aborted()
         for task in self._tasks:
             task.cancel()
         self._tasks.clear()
+        self._sources.clear()
         parts = list(self._progress)
         self.stage.on_revoke(parts)
         self._progress.clear()
@@ -482,6 +511,7 @@ class StageRuntime:
         """Redo everything since the last commit: back to the committed offsets."""
         self._needs_rewind = False
         self.stats["rewinds"] += 1
+        self._note_refused()
         parts = [TopicPartition(self.topic, p) for p in self._forget_work()]
         try:
             for tp in self._restore(self.consumer, parts):
@@ -490,6 +520,17 @@ class StageRuntime:
             # A partition the consumer is not fetching yet cannot be sought: a fresh consumer
             # starts every partition at its committed offset.
             self._rebuild_consumer(exc.args[0], fenced=False)
+
+    def _note_refused(self) -> None:
+        """Inputs whose output the broker refused in the failed transaction: poison."""
+        for topic, key, err in self.checkpoint.refused:
+            source = self._sources.get((topic, key)) if key is not None else None
+            if source is None and key is not None:
+                source = self._sources.get((topic, key.decode(errors="replace")))
+            if source is not None:
+                self._poison[source] = f"output cannot be produced: {topic}: {err.str()}"
+        self.checkpoint.refused.clear()
+        self._sources.clear()
 
     def _rebuild_consumer(self, err: KafkaError, fenced: bool = True) -> None:
         """A consumer that failed for good (e.g. a static member fenced after a broker restart):
@@ -535,6 +576,7 @@ class StageRuntime:
         if consumer is not self.consumer:
             return
         log.info("stage %s: assigned %s", self.stage.name, [tp.partition for tp in partitions])
+        self.metrics.rebalanced("assigned")
         self._restore(consumer, partitions)
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
@@ -542,6 +584,7 @@ class StageRuntime:
         if not parts or consumer is not self.consumer:
             return
         log.info("stage %s: revoked %s", self.stage.name, sorted(parts))
+        self.metrics.rebalanced("revoked")
         # Their in-flight events go to the next owner; what finished is committed first.
         for task, (part, _) in list(self._tasks.items()):
             if part in parts:
@@ -562,6 +605,7 @@ class StageRuntime:
         if consumer is not self.consumer:
             return
         log.warning("stage %s: lost %s", self.stage.name, [tp.partition for tp in partitions])
+        self.metrics.rebalanced("lost")
         for tp in partitions:
             self._progress.pop(tp.partition, None)
             self._paused.discard(tp.partition)

@@ -1,116 +1,17 @@
-"""The topic graph: each topic's purpose and configuration, and `rollstream topics create|list`.
-
-Configs are set explicitly per topic instead of relying on broker defaults, so the same
-`topics create` gives the same topics on the bundled broker, a container or a production cluster.
-"""
+"""`rollstream topics create|list`: the topic graph (rollstream/graph.py) made on a broker."""
 
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, field
+import time
 from typing import Any
 
-from rollstream.config import Topics
+from rollstream.graph import GRAPH, MAX_MESSAGE_BYTES, Topic, Topics, partition_count
 
-MIB = 1024 * 1024
-DAY_MS = 24 * 3600 * 1000
-# Largest event on the trajectory path. A 32k-token trajectory (int32 ids + float32 logprobs) is
-# about 256 KiB plus its text; long multi-turn episodes with big tool outputs need far more.
-# Producers and consumers on these topics must allow it too (librdkafka's message.max.bytes).
-MAX_MESSAGE_BYTES = 16 * MIB
+__all__ = ["MAX_MESSAGE_BYTES", "TOPIC_SPECS", "create_topics", "delete_topics", "describe_topics"]
 
-
-@dataclass(frozen=True)
-class TopicSpec:
-    """One topic: `attr` is its name's property on rollstream.config.Topics."""
-
-    attr: str
-    doc: str
-    config: dict[str, str] = field(default_factory=dict)
-    # None: the `partitions` argument of create_topics; a number: always that many.
-    partitions: int | None = None
-
-    def name(self, topics: Topics) -> str:
-        return str(getattr(topics, self.attr))
-
-
-def _config(*, retention_ms: int, compression: str, max_bytes: int, **extra: str) -> dict[str, str]:
-    return {
-        "retention.ms": str(retention_ms),
-        "compression.type": compression,
-        "max.message.bytes": str(max_bytes),
-        "min.insync.replicas": "1",
-        **extra,
-    }
-
-
-TOPIC_SPECS: tuple[TopicSpec, ...] = (
-    TopicSpec(
-        "tasks",
-        "tasks to roll out, keyed by task id (producers -> INIT)",
-        # Problem statements are text: a few KiB, rarely more.
-        _config(retention_ms=7 * DAY_MS, compression="lz4", max_bytes=4 * MIB),
-    ),
-    TopicSpec(
-        "episodes",
-        "one event per sample of a task's group, keyed by episode id (INIT -> RUN)",
-        _config(retention_ms=7 * DAY_MS, compression="lz4", max_bytes=4 * MIB),
-    ),
-    TopicSpec(
-        "episode_state",
-        "per-turn checkpoints of running episodes, keyed by episode id; compacted to the latest "
-        "(RUN's resume state; co-partitioned with episodes)",
-        _config(
-            retention_ms=7 * DAY_MS,
-            compression="zstd",
-            max_bytes=MAX_MESSAGE_BYTES,  # holds the token ids of every turn so far
-            **{
-                "cleanup.policy": "compact",
-                # Compaction works only on closed segments: roll hourly so old turns go away.
-                "segment.ms": str(3600 * 1000),
-                "min.cleanable.dirty.ratio": "0.1",
-                # How long a tombstone (a finished episode's delete) stays readable.
-                "delete.retention.ms": str(DAY_MS),
-            },
-        ),
-    ),
-    TopicSpec(
-        "trajectories",
-        "finished episodes: every turn's token ids, logprobs and observations (RUN -> EVAL)",
-        _config(retention_ms=7 * DAY_MS, compression="zstd", max_bytes=MAX_MESSAGE_BYTES),
-    ),
-    TopicSpec(
-        "scored",
-        "trajectories with their reward and outcome class (EVAL -> trainer bridge)",
-        _config(retention_ms=7 * DAY_MS, compression="zstd", max_bytes=MAX_MESSAGE_BYTES),
-    ),
-    TopicSpec(
-        "policy",
-        "policy versions published by the trainer, in order (trainer -> inference controller)",
-        # Kept forever: tiny, and the whole history says which weights produced which rollouts.
-        _config(
-            retention_ms=-1,
-            compression="lz4",
-            max_bytes=1 * MIB,
-            **{"retention.bytes": "-1"},
-        ),
-        partitions=1,  # one partition: a total order of versions
-    ),
-    TopicSpec(
-        "seen",
-        "ids INIT and EVAL have handled, keyed by <stage>/<id>, on their input's partition; "
-        "compacted (their deduplication memory, rollstream.dedup)",
-        _config(retention_ms=7 * DAY_MS, compression="lz4", max_bytes=1 * MIB,
-                **{"cleanup.policy": "compact,delete", "min.cleanable.dirty.ratio": "0.1"}),
-    ),
-    TopicSpec(
-        "dlq",
-        "events a stage could not decode or validate, with reason and source coordinates",
-        # Wraps the original event, which may itself be as large as MAX_MESSAGE_BYTES; kept longer
-        # because someone has to look at it.
-        _config(retention_ms=30 * DAY_MS, compression="lz4", max_bytes=MAX_MESSAGE_BYTES + MIB),
-    ),
-)
+# The graph's topics in order; `topic.name(topics)` is a topic's name under a prefix.
+TOPIC_SPECS: tuple[Topic, ...] = GRAPH
 
 
 # librdkafka's own limit on one record (the producers' message.max.bytes).
@@ -153,7 +54,7 @@ def create_topics(
     new = [
         NewTopic(
             spec.name(topics),
-            num_partitions=spec.partitions or partitions,
+            num_partitions=partition_count(spec, partitions),
             replication_factor=replication_factor,
             # Replicated: a write waits for two copies, so one broker can die losing nothing.
             config={**spec.config, "min.insync.replicas": "2" if replication_factor >= 3 else "1"},
@@ -170,12 +71,32 @@ def create_topics(
                 raise
         else:
             created.append(name)
-    _check_copartitioned(admin, topics, timeout)
+    meta = _wait_visible(admin, [spec.name(topics) for spec in TOPIC_SPECS], timeout)
+    _check_copartitioned(meta, topics)
     return sorted(created)
 
 
-def _check_copartitioned(admin: Any, topics: Topics, timeout: float) -> None:
-    meta = admin.list_topics(timeout=timeout).topics
+def _wait_visible(admin: Any, names: list[str], timeout: float) -> dict[str, Any]:
+    """The brokers' metadata once every topic in names has a leader for each partition.
+
+    CreateTopics returns when the controller has the topics; a busy broker can serve metadata
+    without them a little longer, and a producer that looks then finds no topic."""
+    deadline = time.monotonic() + timeout
+    while True:
+        meta = admin.list_topics(timeout=timeout).topics
+        missing = [
+            n for n in names
+            if n not in meta or meta[n].error is not None
+            or any(p.leader < 0 for p in meta[n].partitions.values())
+        ]
+        if not missing:
+            return meta
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"topics not visible after {timeout:.0f} s: {missing}")
+        time.sleep(0.1)
+
+
+def _check_copartitioned(meta: dict[str, Any], topics: Topics) -> None:
     counts = {
         name: len(meta[name].partitions)
         for name in (topics.episodes, topics.episode_state)
@@ -229,9 +150,10 @@ def describe_topics(bootstrap: str, prefix: str = "rollstream", timeout: float =
 
 
 def _settings(args: argparse.Namespace) -> tuple[Any, str]:
-    from rollstream.config import load_resolved
+    from rollstream.broker import with_broker
+    from rollstream.config import load
 
-    settings = load_resolved(args)
+    settings = with_broker(load(args))
     return settings, settings.bootstrap_servers
 
 
@@ -272,15 +194,16 @@ def register_cli(sub: Any) -> None:
         "topics",
         help="create or list the pipeline's Kafka topics",
         description="The topics under one prefix: "
-        + "; ".join(f"{s.attr.replace('_', '-')}: {s.doc}" for s in TOPIC_SPECS),
+        + "; ".join(f"{s.suffix}: {s.doc}" for s in TOPIC_SPECS),
     )
     commands = parser.add_subparsers(dest="topics_command", metavar="ACTION", required=True)
 
     p = commands.add_parser(
         "create",
         help="create the topics with their configs (idempotent: existing ones are kept)",
-        description="Create <prefix>.tasks, .episodes, .episode-state, .trajectories, .scored, "
-        ".policy and .dlq. The broker is KAFKA_BOOTSTRAP_SERVERS, else --bootstrap-servers, "
+        description="Create "
+        + ", ".join(f"<prefix>.{s.suffix}" for s in TOPIC_SPECS)
+        + ". The broker is KAFKA_BOOTSTRAP_SERVERS, else --bootstrap-servers, "
         "else the bundled local broker (started if needed).",
     )
     add_arguments(p)

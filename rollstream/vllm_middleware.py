@@ -6,11 +6,17 @@ only the standard library, so it can be mounted into the vLLM image), every /v1/
 response carries `X-Rollstream-Policy-Version`, as the embedded policy server's do, and
 `POST /rollstream/policy_version {"version": N | null}` sets it (GET reads it).
 
-Why it is exact: the inference controller (rollstream/controller.py) reloads full weights as
-`/pause?mode=wait` (running requests finish on the old weights) → set version null → reload →
-set version N → `/resume` (held requests run on the new weights). The header is written when a
-response starts, which for a non-streamed completion is after its last token; a response that
-starts inside the window carries no version, and RUN samples that turn again rather than guess.
+For vLLM releases without weight labels (0.12). vLLM 0.33 labels responses itself
+(`choices[].weight_versions`), and the controller uses that instead: this middleware's stamp is
+per process, so it would be wrong with several API-server processes.
+
+Why it is exact: the inference controller (rollstream/controller.py) reloads full weights on
+0.12 as `/pause?wait_for_inflight_requests=true` (running requests finish on the old weights,
+new ones are held) → set version null → reload → set version N (or back to the previous one
+when the reload failed) → `/resume` (held requests run on the new weights). The header is
+written when a response starts, which for a non-streamed completion is after its last token;
+a response that starts inside the window carries no version, and RUN samples that turn again
+rather than guess.
 One middleware instance holds the version: run vLLM with one API server process (the default).
 """
 

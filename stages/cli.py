@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 
 from rollstream import config
+from rollstream.broker import with_broker
 
 STAGES = {
-    "init": ("stages.init", "InitStage", "expand tasks into their group of episodes"),
-    "run": ("stages.run", "RunStage", "play episodes against the inference server(s)"),
-    "eval": ("stages.eval", "EvalStage", "score finished trajectories"),
+    "init": "expand tasks into their group of episodes",
+    "run": "play episodes against the inference server(s)",
+    "eval": "score finished trajectories",
 }
 
 
@@ -19,7 +20,7 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
         description="Run one stage as a member of its consumer group. Start more processes "
                     "with the same prefix to scale a stage, up to its topic's partitions.")
     parser.add_argument("name", choices=sorted(STAGES),
-                        help="; ".join(f"{k}: {v[2]}" for k, v in STAGES.items()))
+                        help="; ".join(f"{k}: {v}" for k, v in STAGES.items()))
     parser.add_argument("--drain-timeout", type=float, default=30.0,
                         help="seconds to let in-flight events finish on SIGTERM")
     config.add_arguments(parser)
@@ -27,13 +28,17 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
 
 
 def run_stage(args: argparse.Namespace) -> int:
-    import importlib
-
-    from rollstream.runtime import StageRuntime
+    # Here, not at start-up: RUN pulls in aiohttp and the chat templates.
+    from rollstream import metrics
+    from rollstream.runtime import Stage, StageRuntime
+    from stages.eval import EvalStage
+    from stages.init import InitStage
+    from stages.run import RunStage
 
     config.log_to_stderr()
-    settings = config.load_resolved(args)
-    module, cls, _ = STAGES[args.name]
-    stage = getattr(importlib.import_module(module), cls)(settings)
+    settings = with_broker(config.load(args))
+    metrics.serve(settings.metrics_port)
+    classes: dict[str, type[Stage]] = {"init": InitStage, "run": RunStage, "eval": EvalStage}
+    stage = classes[args.name](settings)
     StageRuntime(stage, settings, drain_timeout_s=args.drain_timeout).run()
     return 0

@@ -1,19 +1,26 @@
-"""EVAL: score a finished trajectory with its environment's verifier."""
+"""EVAL: score a finished trajectory with its environment's verifier.
+
+How the episode ended is scored here, before the environment is asked (`termination_score`): an
+infra or environment failure has no reward whatever a plug-in's `evaluate` would say.
+"""
 
 from __future__ import annotations
 
 import json
 import time
 
+from rollstream import metrics
 from rollstream.config import Settings
 from rollstream.dedup import SeenIds
+from rollstream.envs.base import termination_score
 from rollstream.envs.registry import UnknownEnv, get_env
+from rollstream.events import SCORED_TRAJECTORY, TRAJECTORY
 from rollstream.runtime import EventContext, InvalidEvent, Output, Stage
 
 
 class EvalStage(Stage):
     name = "eval"
-    input_record = "Trajectory"
+    input_record = TRAJECTORY
 
     def __init__(self, settings: Settings) -> None:
         super().__init__(settings)
@@ -38,9 +45,10 @@ class EvalStage(Stage):
             raise InvalidEvent(str(exc)) from exc
         if not self.seen.claim(ctx.partition, trajectory["episode_id"]):
             return []
-        score = await env.evaluate(task, trajectory)
+        score = termination_score(trajectory) or await env.evaluate(task, trajectory)
+        metrics.scored(task["env"], score.failure_class, score.reward)
         marker = self.seen.marker(ctx.partition, trajectory["episode_id"])
-        return [marker, Output(self.topics.scored, trajectory["episode_id"], "ScoredTrajectory", {
+        return [marker, Output(self.topics.scored, trajectory["episode_id"], SCORED_TRAJECTORY, {
             "trajectory": trajectory,
             "reward": score.reward,
             "failure_class": score.failure_class,

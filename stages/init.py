@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import time
 
+from rollstream.admission import AdmissionGate
 from rollstream.bounds import check_task, show_id
 from rollstream.config import Settings
 from rollstream.dedup import SeenIds
 from rollstream.envs.base import InvalidTask
 from rollstream.envs.registry import UnknownEnv, get_env
+from rollstream.events import EPISODE, TASK
 from rollstream.runtime import EventContext, InvalidEvent, Output, Stage
-from stages.admission import AdmissionGate
 
 
 def episode_id(task_id: str, sample_index: int) -> str:
@@ -20,7 +21,7 @@ def episode_id(task_id: str, sample_index: int) -> str:
 
 class InitStage(Stage):
     name = "init"
-    input_record = "Task"
+    input_record = TASK
 
     def __init__(self, settings: Settings) -> None:
         super().__init__(settings)
@@ -56,7 +57,7 @@ class InitStage(Stage):
             self.gate.admit()
         now = int(time.time() * 1000)
         return [self.seen.marker(ctx.partition, task["task_id"])] + [
-            Output(self.topics.episodes, episode_id(task["task_id"], i), "Episode", {
+            Output(self.topics.episodes, episode_id(task["task_id"], i), EPISODE, {
                 "episode_id": episode_id(task["task_id"], i),
                 "task": task,
                 "sample_index": i,

@@ -11,7 +11,9 @@ Inference goes through rollstream.routing.Router: an episode stays on one server
 new episodes go to the least-loaded healthy server, and when every server is at its cap RUN
 takes no new episodes (`capacity`, which the runtime checks before consuming). A failed call
 (timeout, refused, 5xx) is retried with backoff within RETRY_DELAYS_S, on another server when
-its own is down; past the budget the episode ends as INFRA_ERROR, never as a reward.
+its own is down; past the budget the episode ends as INFRA_ERROR, never as a reward. A server
+inside a weight update (paused, or answering without a version) is waited for instead, for up
+to UPDATE_WINDOW_S, without spending that budget.
 
 After every turn the unfinished trajectory is written to <p>.episode-state (keyed by episode
 id, co-partitioned with <p>.episodes); a RUN process that takes over a partition reads those
@@ -25,23 +27,32 @@ import json
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
-from rollstream import kafka
+from rollstream import kafka, metrics
 from rollstream.bounds import check_episode
 from rollstream.codec import codec, pack_ids, pack_logprobs, unpack_ids
 from rollstream.config import Settings
+from rollstream.envs.harness import HarnessEnv
 from rollstream.envs.registry import UnknownEnv, get_env
-from rollstream.inference import Completion, ContextOverflow, ServerError
+from rollstream.events import EPISODE, TRAJECTORY
+from rollstream.inference import Completion, ContextOverflow, ServerError, ServerUpdating
 from rollstream.policy.chat import EmbeddedChatTemplate
 from rollstream.routing import Router
 from rollstream.runtime import EventContext, InvalidEvent, Output, Stage
 
+if TYPE_CHECKING:
+    from rollstream.gateway.server import Gateway
+
 log = logging.getLogger("rollstream.run")
 
 RETRY_DELAYS_S = (0.5, 1.0, 2.0, 4.0)  # the retry budget for a failing inference call
+# How long a turn waits out a weight update (a paused server's 503, a response without a
+# version) before that, too, counts as an infra failure; polled every UPDATE_POLL_S.
+UPDATE_WINDOW_S = 900.0
+UPDATE_POLL_S = 0.5
 
 
 def now_ms() -> int:
@@ -57,19 +68,35 @@ class ChatTemplate(Protocol):
 
     stop_token_ids: list[int]
 
-    def first_prompt(self, user_text: str) -> list[int]: ...
-
     def next_prompt(self, sample_ids: Sequence[int],
                     messages: Sequence[Mapping[str, str]]) -> tuple[list[int], bool]: ...
 
+    def decode(self, ids: Sequence[int]) -> str: ...
 
-def conversation(task: dict, turns: list[dict]) -> list[dict[str, str]]:
-    """The episode as chat messages: the task prompt, then each completion and observation."""
-    messages = [{"role": "user", "content": task["prompt"]}]
+
+class TextMismatch(RuntimeError):
+    """The server's `text` is not the detokenization of the ids it sampled."""
+
+
+SYSTEM_PROMPT_KEY = "system_prompt"  # in Task.metadata: the task's system message
+
+
+def conversation(task: dict, turns: list[dict],
+                 observation_role: str = "user") -> list[dict[str, str]]:
+    """The episode as chat messages: the task's system prompt (Task.metadata["system_prompt"])
+    if any, the task prompt, then each completion and observation. An environment whose
+    observations are tool results (`observation_role = "tool"`) has them rendered as `tool`
+    messages wherever the turn made a tool call; other observations stay `user` messages."""
+    messages = []
+    system = (task.get("metadata") or {}).get(SYSTEM_PROMPT_KEY)
+    if system:
+        messages.append({"role": "system", "content": system})
+    messages.append({"role": "user", "content": task["prompt"]})
     for turn in turns:
         messages.append({"role": "assistant", "content": turn["completion_text"]})
         if turn["observation"] is not None:
-            messages.append({"role": "user", "content": turn["observation"]})
+            role = observation_role if turn.get("tool_call") else "user"
+            messages.append({"role": role, "content": turn["observation"]})
     return messages
 
 
@@ -85,7 +112,7 @@ def sample_ids(turns: list[dict]) -> list[int]:
 
 class RunStage(Stage):
     name = "run"
-    input_record = "Episode"
+    input_record = EPISODE
 
     def __init__(self, settings: Settings, template: ChatTemplate | None = None) -> None:
         super().__init__(settings)
@@ -93,14 +120,26 @@ class RunStage(Stage):
         self.router: Router | None = None
         # Checkpoints of unfinished episodes, by input partition, then episode id.
         self.checkpoints: dict[int, dict[str, dict]] = {}
+        self.gateway: Gateway | None = None  # started by the first harness episode
 
     @staticmethod
     def _template(settings: Settings) -> ChatTemplate:
         if not settings.tokenizer_path:
+            if settings.chat_template or settings.chat_template_kwargs:
+                raise ValueError("--chat-template and --chat-template-kwargs need "
+                                 "--tokenizer-path (the embedded policy has one template)")
             return EmbeddedChatTemplate()
         from rollstream.policy.hf_template import HFChatTemplate  # tokenizers only when used
 
-        return HFChatTemplate(settings.tokenizer_path)
+        try:
+            kwargs = json.loads(settings.chat_template_kwargs or "{}")
+        except ValueError as exc:
+            raise ValueError(f"chat_template_kwargs is not JSON: {exc}") from exc
+        if not isinstance(kwargs, dict):
+            raise ValueError("chat_template_kwargs must be a JSON object, e.g. "
+                             '{"enable_thinking": false}')
+        return HFChatTemplate(settings.tokenizer_path, kwargs,
+                              chat_template=settings.chat_template or None)
 
     def input_topic(self) -> str:
         return self.topics.episodes
@@ -115,6 +154,15 @@ class RunStage(Stage):
     async def close(self) -> None:
         if self.router is not None:
             await self.router.close()
+        if self.gateway is not None:
+            await self.gateway.close()
+
+    def _gateway(self) -> Gateway:
+        if self.gateway is None:
+            from rollstream.gateway.server import Gateway  # it reuses this module's turn code
+
+            self.gateway = Gateway(self, port=self.settings.gateway_port)
+        return self.gateway
 
     def capacity(self) -> int | None:
         return self.router.capacity() if self.router is not None else 0
@@ -131,7 +179,7 @@ class RunStage(Stage):
             if msg.value() is None:
                 self.checkpoints[msg.partition()].pop(episode, None)
             else:
-                self.checkpoints[msg.partition()][episode] = c.decode_as("Trajectory", msg.value())
+                self.checkpoints[msg.partition()][episode] = c.decode_as(TRAJECTORY, msg.value())
 
     def on_revoke(self, partitions: list[int]) -> None:
         for p in partitions:
@@ -139,7 +187,7 @@ class RunStage(Stage):
 
     def _checkpoint(self, ctx: EventContext, trajectory: dict | None, episode_id: str) -> None:
         ctx.emit(Output(self.topics.episode_state, episode_id,
-                        None if trajectory is None else "Trajectory", trajectory,
+                        None if trajectory is None else TRAJECTORY, trajectory,
                         partition=ctx.partition))
 
     # -- the episode -------------------------------------------------------------------------
@@ -174,7 +222,10 @@ class RunStage(Stage):
             else:
                 log.info("resuming %s at turn %d", episode_id, len(turns))
             try:
-                await self._play(env, trajectory, ctx)
+                if isinstance(env, HarnessEnv):  # the harness plays, through the gateway
+                    await self._gateway().play(env, trajectory, ctx)
+                else:
+                    await self._play(env, trajectory, ctx)
             finally:
                 # Also on cancellation (partition revoked): the next owner re-creates what it
                 # needs.
@@ -183,7 +234,7 @@ class RunStage(Stage):
             self.router.release(episode_id)
         trajectory["finished_at_ms"] = now_ms()
         self._checkpoint(ctx, None, episode_id)  # done: drop the checkpoint
-        return [Output(self.topics.trajectories, episode_id, "Trajectory", trajectory)]
+        return [Output(self.topics.trajectories, episode_id, TRAJECTORY, trajectory)]
 
     async def _play(self, env, trajectory: dict, ctx: EventContext) -> None:
         task = trajectory["task"]
@@ -194,16 +245,12 @@ class RunStage(Stage):
             if len(turns) >= task["max_turns"]:
                 trajectory["termination"] = "MAX_TURNS"
                 return
-            new_sample = False
-            if turns:
-                prompt_ids, new_sample = self.template.next_prompt(
-                    sample, conversation(task, turns))
-                if new_sample:
-                    log.info("%s: template re-renders history at turn %d; new sample",
-                             trajectory["episode_id"], len(turns))
-                    sample = []
-            else:
-                prompt_ids = self.template.first_prompt(task["prompt"])
+            prompt_ids, new_sample = self.template.next_prompt(
+                sample, conversation(task, turns, getattr(env, "observation_role", "user")))
+            if new_sample:  # never at the first turn: there is no history to re-render
+                log.info("%s: template re-renders history at turn %d; new sample",
+                         trajectory["episode_id"], len(turns))
+                sample = []
             started = now_ms()
             try:
                 completion = await self._complete(sample + prompt_ids, trajectory, len(turns))
@@ -211,7 +258,7 @@ class RunStage(Stage):
                 trajectory["termination"] = "TRUNCATED"
                 trajectory["termination_detail"] = str(exc)
                 return
-            except InferenceUnavailable as exc:
+            except (InferenceUnavailable, TextMismatch) as exc:
                 trajectory["termination"] = "INFRA_ERROR"
                 trajectory["termination_detail"] = str(exc)
                 return
@@ -253,15 +300,46 @@ class RunStage(Stage):
         if sampling.get("seed") is not None:
             # Distinct but reproducible per sample and turn.
             sampling["seed"] = sampling["seed"] + 1000 * trajectory["sample_index"] + turn
+        completion = await self._sample(prompt_ids, sampling, trajectory["episode_id"])
+        # The assistant message is built from `text`, the sample from the ids: they must agree
+        # (a proxy that leaves the stop token in `text` would add a second one, silently).
+        sampled = completion.token_ids
+        if completion.finish_reason == "stop" and sampled:
+            sampled = sampled[:-1]  # the stop token, which `text` leaves out
+        expected = self.template.decode(sampled)
+        if completion.finish_reason == "length" and completion.text != expected:
+            # Cut inside a multi-byte character: vLLM's incremental detokenizer holds the
+            # partial bytes back where a plain decode writes U+FFFD.
+            expected = expected.rstrip("\ufffd")
+        if completion.text != expected:
+            raise TextMismatch(
+                f"{completion.server}: the completion's text is not the detokenization of "
+                f"its token ids (text {completion.text[-80:]!r}, ids decode to "
+                f"{expected[-80:]!r}); check skip_special_tokens / "
+                f"spaces_between_special_tokens on any proxy in between")
+        return completion
+
+    async def _sample(self, prompt_ids: list[int], sampling: dict,
+                      episode_id: str) -> Completion:
         assert self.router is not None
         last: Exception | None = None
-        for delay in (*RETRY_DELAYS_S, None):
+        delays = iter(RETRY_DELAYS_S)
+        window_ends = time.monotonic() + UPDATE_WINDOW_S
+        while True:
             try:
-                return await self.router.complete(trajectory["episode_id"], prompt_ids,
-                                                  sampling, self.template.stop_token_ids)
+                return await self.router.complete(episode_id, prompt_ids, sampling,
+                                                  self.template.stop_token_ids)
+            except ServerUpdating as exc:
+                # A weight update is not a failure: wait it out without spending the budget.
+                last = exc
+                if time.monotonic() >= window_ends:
+                    break
+                await asyncio.sleep(UPDATE_POLL_S)
             except ServerError as exc:
                 last = exc
+                delay = next(delays, None)
                 if delay is None:
                     break
+                metrics.inference_retry(exc.server)
                 await asyncio.sleep(delay)
         raise InferenceUnavailable(f"inference failed {len(RETRY_DELAYS_S) + 1} times: {last}")

@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 
 from rollstream import kafka
+from rollstream.admission import AdmissionGate
 from rollstream.codec import codec
 from rollstream.config import Settings
-from stages.admission import AdmissionGate
 
 
 def publish_version(settings: Settings, version: int, consumed: int) -> None:

@@ -38,3 +38,19 @@ def test_unknown_setting_in_file_is_a_clear_error(tmp_path: Path) -> None:
 def test_missing_config_file_is_named(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="config file not found"):
         config.load(parse(["--config", str(tmp_path / "nope.toml")]))
+
+
+def test_loading_settings_never_starts_a_broker(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from rollstream.broker import local
+
+    monkeypatch.delenv("KAFKA_BOOTSTRAP_SERVERS", raising=False)
+    monkeypatch.setenv(local.HOME_ENV, str(tmp_path / "home"))
+    started: list[str] = []
+    monkeypatch.setattr(local, "start", lambda: started.append("start") or "127.0.0.1:1")
+    settings = config.load(parse([]))
+    assert settings.bootstrap_servers == "" and started == []
+    # Only the explicit step a command takes to reach Kafka starts the bundled broker.
+    assert local.with_broker(settings).bootstrap_servers == "127.0.0.1:1" and started == ["start"]
+    assert local.with_broker(config.load(parse(["--bootstrap-servers", "h:1"]))) \
+        .bootstrap_servers == "h:1" and started == ["start"]

@@ -21,5 +21,7 @@ def test_demo_finishes_with_a_summary_and_a_plot(bootstrap: str, tmp_path: Path)
     for heading in ("mean reward by the policy version", "policy versions trained",
                     "per-stage latency"):
         assert heading in out
+    # The embedded template is append-only: one training sample per episode.
+    assert "1.00 (320 in all)" in out
     plot = tmp_path / "demo.png"
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

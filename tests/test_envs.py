@@ -379,7 +379,7 @@ def _fake_entry_points(*eps: EntryPoint):
 
 
 def test_plugins_come_from_entry_points(monkeypatch, fresh_registry) -> None:
-    ep = EntryPoint("reverse_plugin", "rollstream.envs.echo:Reverse", "rollstream.envs")
+    ep = EntryPoint("reverse_plugin", "rollstream.envs.reverse:Reverse", "rollstream.envs")
     monkeypatch.setattr(registry, "entry_points", _fake_entry_points(ep))
     assert "reverse_plugin" in dict(list_envs())
     assert get_env("reverse_plugin").name == "reverse"
@@ -388,7 +388,7 @@ def test_plugins_come_from_entry_points(monkeypatch, fresh_registry) -> None:
 @pytest.mark.parametrize(
     ("name", "value", "error"),
     [
-        ("arithmetic", "rollstream.envs.echo:Reverse", "built-in"),
+        ("arithmetic", "rollstream.envs.reverse:Reverse", "built-in"),
         ("bad", "json:dumps", "not an Environment"),
         ("missing", "no_such_module_xyz:Env", "failed to load"),
     ],

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
 from rollstream.policy import model as tiny
@@ -107,3 +108,26 @@ def test_grpo_step_on_a_hugging_face_causal_lm(tmp_path: Path) -> None:
     reloaded = HFPolicy(Path(event["uri"]), device="cpu")
     assert reloaded.version == 1
     assert torch.equal(reloaded.model.lm_head.weight, policy.model.lm_head.weight)
+
+
+def test_training_curves_are_tensorboard_event_files_next_to_checkpoints(
+        tmp_path: Path) -> None:
+    # Read back with TensorBoard's own reader, not the writer that made them.
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    trainer = GRPOTrainer(TinyPolicy(seed=0), tmp_path, version=0)
+    events = [trainer.step(batch_of_groups()) for _ in range(2)]
+    board = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"scalars": 0})
+    board.Reload()
+    tags = set(board.Tags()["scalars"])
+    assert {"loss", "kl", "clip_frac", "mean_reward", "tokens", "advantages/mean",
+            "staleness/mean"} <= tags
+    losses = board.Scalars("loss")
+    assert [e.step for e in losses] == [1, 2]
+    assert [e.value for e in losses] == [
+        pytest.approx(ev["metrics"]["loss"], rel=1e-5) for ev in events]
+    assert [e.value for e in board.Scalars("tokens")] == [ev["metrics"]["tokens"] for ev in events]
+    assert board.Scalars("kl")[0].value >= 0
+    # The samples' turns were sampled by version 0 (scored_factory): step 2 trains 1 behind.
+    assert [e.value for e in board.Scalars("staleness/max")] == [0, 1]
+    assert "advantages" in board.Tags()["histograms"]

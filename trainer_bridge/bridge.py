@@ -30,6 +30,8 @@ from rollstream import kafka
 from rollstream.checkpoint import Checkpoint, Rewind, close_bounded
 from rollstream.codec import DecodeError, codec
 from rollstream.config import Settings
+from rollstream.events import SCORED_TRAJECTORY
+from rollstream.graph import BRIDGE
 from rollstream.offsets import PartitionProgress, decode_done
 from rollstream.runtime import Output, dead_letter
 from trainer_bridge.groups import Group, GroupAssembler, GroupPolicy, Sample
@@ -72,7 +74,7 @@ class TrainerBridge:
         self.topic = settings.topics.scored
         self.groups_per_batch = groups_per_batch
         self.current_version = 0  # the trainer's policy version, for the staleness bound
-        group_id = group or f"{settings.prefix}.bridge"
+        group_id = group or settings.topics.group(BRIDGE)
         self.consumer = kafka.consumer(settings, group_id)
         self.checkpoint = Checkpoint(settings, kafka.process_id(settings, group_id)) \
             if transactional else None
@@ -153,7 +155,7 @@ class TrainerBridge:
             progress.finished(msg.offset())  # in a batch a previous bridge already handed out
             return
         try:
-            scored = codec().decode_as("ScoredTrajectory", msg.value())
+            scored = codec().decode_as(SCORED_TRAJECTORY, msg.value())
         except DecodeError as exc:
             # Sent with the next ack, before or with the offset commit that passes it.
             self._dead_letters.append(

@@ -7,7 +7,8 @@ import json
 import statistics
 from pathlib import Path
 
-from rollstream import config
+from rollstream import config, metrics
+from rollstream.broker import with_broker
 
 
 def register_cli(sub: argparse._SubParsersAction) -> None:
@@ -20,6 +21,9 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-batches", type=int, default=None, help="stop after N batches")
     parser.add_argument("--idle-timeout", type=float, default=None,
                         help="stop after this many seconds without new events")
+    parser.add_argument("--group", default=None,
+                        help="consumer group (default <prefix>.printer; never the trainer's "
+                             "<prefix>.bridge, or the two would split <prefix>.scored)")
     config.add_arguments(parser)
     parser.set_defaults(func=run_bridge)
 
@@ -74,7 +78,8 @@ def run_train(args: argparse.Namespace) -> int:
     from trainer_bridge.trainer import GRPOConfig
 
     config.log_to_stderr()
-    settings = config.load_resolved(args)
+    settings = with_broker(config.load(args))
+    metrics.serve(settings.metrics_port)
     policy = GroupPolicy(normalize_std=not args.dr_grpo, max_staleness=args.max_staleness,
                          group_timeout_s=args.group_timeout, incomplete=args.incomplete,
                          drop_zero_variance=not args.keep_zero_variance)
@@ -89,8 +94,9 @@ def run_train(args: argparse.Namespace) -> int:
 def run_bridge(args: argparse.Namespace) -> int:
     from trainer_bridge.bridge import TrainerBridge
 
-    settings = config.load_resolved(args)
-    with TrainerBridge(settings, groups_per_batch=args.groups_per_batch) as bridge:
+    settings = with_broker(config.load(args))
+    group = args.group or f"{settings.prefix}.printer"
+    with TrainerBridge(settings, groups_per_batch=args.groups_per_batch, group=group) as bridge:
         for batch in bridge.batches(args.max_batches, args.idle_timeout):
             print(json.dumps(batch_summary(batch)), flush=True)
             batch.ack()

@@ -20,12 +20,13 @@ from pathlib import Path
 
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
-from rollstream import kafka
+from rollstream import kafka, metrics
+from rollstream.admission import CONSUMED
 from rollstream.checkpoint import Rewind
 from rollstream.codec import codec
 from rollstream.config import Settings
+from rollstream.events import POLICY_VERSION
 from rollstream.runtime import Output
-from stages.admission import CONSUMED
 from trainer_bridge.bridge import TrainerBridge
 from trainer_bridge.groups import GroupPolicy
 from trainer_bridge.trainer import GRPOConfig, GRPOTrainer, HFPolicy, TinyPolicy
@@ -38,7 +39,7 @@ def latest_policy(settings: Settings) -> dict | None:
     latest = None
     for msg in kafka.read_partitions(
             settings, [TopicPartition(settings.topics.policy, 0, OFFSET_BEGINNING)]):
-        event = codec().decode_as("PolicyVersion", msg.value())
+        event = codec().decode_as(POLICY_VERSION, msg.value())
         if latest is None or event["version"] > latest["version"]:
             latest = event
     return latest
@@ -98,8 +99,9 @@ def _train_from_latest(settings: Settings, checkpoint_dir: Path, *, groups_per_b
             event["metrics"][CONSUMED] = float(base_consumed + groups_consumed(bridge.stats))
             for key, value in bridge.stats.items():
                 event["metrics"][f"bridge_{key}"] = float(value)
-            batch.ack([Output(settings.topics.policy, "policy", "PolicyVersion", event)])
+            batch.ack([Output(settings.topics.policy, "policy", POLICY_VERSION, event)])
             bridge.current_version = event["version"]
+            metrics.trained(event["version"], batch.trainable, event["metrics"]["tokens"])
             steps += 1
             log.info("step %d: version %d, mean reward %.3f, loss %.4f", steps, event["version"],
                      event["metrics"]["mean_reward"], event["metrics"]["loss"])

@@ -22,6 +22,7 @@ from typing import Protocol
 import torch
 
 from trainer_bridge.bridge import Batch
+from trainer_bridge.curves import TrainingCurves
 from trainer_bridge.tensors import TensorBatch, to_tensors
 
 
@@ -126,19 +127,23 @@ class GRPOTrainer:
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         self.version = version
         self.optimizer = torch.optim.Adam(policy.parameters(), lr=self.config.lr)
+        self.curves = TrainingCurves(checkpoint_dir / "tensorboard")
 
     def loss(self, batch: TensorBatch) -> tuple[torch.Tensor, dict[str, float]]:
         logprobs = self.policy.token_logprobs(batch)
         mask = batch.loss_mask[:, 1:].float()
         advantages = batch.advantages[:, 1:]
-        ratio = torch.exp(logprobs - batch.old_logprobs[:, 1:])
+        log_ratio = logprobs - batch.old_logprobs[:, 1:]
+        ratio = torch.exp(log_ratio)
         clipped = ratio.clamp(1 - self.config.clip_eps, 1 + self.config.clip_eps)
         per_token = -torch.minimum(ratio * advantages, clipped * advantages)
         tokens = mask.sum().clamp(min=1)
         loss = (per_token * mask).sum() / tokens  # token-level mean, as in DAPO / Dr. GRPO
         with torch.no_grad():
             clip_frac = (((ratio - 1).abs() > self.config.clip_eps).float() * mask).sum() / tokens
-        return loss, {"loss": loss.item(), "clip_frac": float(clip_frac)}
+            # KL(behaviour || current), the non-negative k3 estimator on the sampled tokens.
+            kl = (((ratio - 1) - log_ratio) * mask).sum() / tokens
+        return loss, {"loss": loss.item(), "clip_frac": float(clip_frac), "kl": float(kl)}
 
     def step(self, batch: Batch) -> dict:
         samples = batch.trainable
@@ -153,17 +158,21 @@ class GRPOTrainer:
         self.version += 1
         path = self.policy.save(self.checkpoint_dir / f"policy-v{self.version}", self.version)
         rewards = [s.reward for s in samples if s.reward is not None]
+        metrics.update({
+            "samples": float(len(samples)),
+            "groups": float(len(batch.groups)),
+            "tokens": float(tensors.num_sampled_tokens),
+            "mean_reward": sum(rewards) / len(rewards) if rewards else 0.0,
+        })
+        self.curves.step(self.version, metrics,
+                         [s.advantage for s in samples if s.advantage is not None],
+                         [self.version - 1 - s.oldest_version for s in samples
+                          if s.oldest_version is not None and s.oldest_version >= 0])
         return {
             "version": self.version,
             "kind": "full",
             "uri": str(path),
             "step_id": batch.step_id,
-            "metrics": {
-                **metrics,
-                "samples": float(len(samples)),
-                "groups": float(len(batch.groups)),
-                "tokens": float(tensors.num_sampled_tokens),
-                "mean_reward": sum(rewards) / len(rewards) if rewards else 0.0,
-            },
+            "metrics": metrics,
             "created_at_ms": int(time.time() * 1000),
         }

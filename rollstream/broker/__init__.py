@@ -7,6 +7,8 @@ from rollstream.broker.local import (
     start,
     status,
     stop,
+    with_broker,
 )
 
-__all__ = ["BrokerError", "is_running", "resolve_bootstrap", "start", "status", "stop"]
+__all__ = ["BrokerError", "is_running", "resolve_bootstrap", "start", "status", "stop",
+           "with_broker"]

@@ -28,8 +28,11 @@ import subprocess
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
+
+from rollstream.config import Settings
 
 HOME_ENV = "ROLLSTREAM_HOME"
 HEAP_ENV = "ROLLSTREAM_BROKER_HEAP"
@@ -532,3 +535,9 @@ def resolve_bootstrap(configured: str = "") -> str:
     if env:
         return env
     return start()
+
+
+def with_broker(settings: Settings) -> Settings:
+    """`settings` with the broker address resolved (`resolve_bootstrap`): a command that talks to
+    Kafka calls this, and only then is the bundled broker started when nothing is configured."""
+    return replace(settings, bootstrap_servers=resolve_bootstrap(settings.bootstrap_servers))

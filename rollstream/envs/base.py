@@ -5,8 +5,9 @@ state back, checkpoints it as JSON after each turn (Trajectory.env_state), and m
 episode from that JSON in another process. So states must be JSON-serializable, and `step` must
 not mutate the state it is given (a retried turn starts again from the same checkpoint).
 
-Scoring rule (`termination_score`, applied first by every built-in `evaluate`): how an episode
-ended decides its failure class before the environment looks at any answer.
+Scoring rule (`termination_score`, applied by EVAL before it calls `evaluate`, so no environment
+can turn an infra failure into a reward): how an episode ended decides its failure class before
+the environment looks at any answer.
 
     TRUNCATED    -> "truncated", reward 0.0   (the model ran out of room: its own doing)
     AGENT_ERROR  -> "agent",     reward 0.0
@@ -25,9 +26,9 @@ import re
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
-FailureClass = Literal["ok", "agent", "env", "infra", "truncated"]
+from rollstream.events import FailureClass
 
 
 class InvalidTask(ValueError):
@@ -65,7 +66,8 @@ class Environment(ABC):
 
     @abstractmethod
     async def evaluate(self, task: dict, trajectory: dict) -> Score:
-        """Score a finished Trajectory dict; start with `termination_score`."""
+        """Score a finished Trajectory dict. EVAL calls it only when `termination_score` leaves
+        the score to the environment (DONE, MAX_TURNS)."""
 
     @abstractmethod
     def validate_task(self, task: dict) -> None:

@@ -15,14 +15,15 @@ from importlib.metadata import entry_points
 from rollstream.envs.arithmetic import Arithmetic
 from rollstream.envs.base import Environment
 from rollstream.envs.copy_letter import CopyLetter
-from rollstream.envs.echo import Reverse
 from rollstream.envs.guess_number import GuessNumber
+from rollstream.envs.harness import HarnessEnv
+from rollstream.envs.reverse import Reverse
 from rollstream.envs.swe.env import SweEnv
 
 ENTRY_POINT_GROUP = "rollstream.envs"
 
 BUILTINS: dict[str, type[Environment]] = {
-    env.name: env for env in (Arithmetic, CopyLetter, GuessNumber, Reverse, SweEnv)
+    env.name: env for env in (Arithmetic, CopyLetter, GuessNumber, HarnessEnv, Reverse, SweEnv)
 }
 
 

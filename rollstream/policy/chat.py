@@ -6,8 +6,8 @@ The model ends its turn by emitting `<|end|>` (the stop token), so after a compl
 observation appends `<|user|> text <|end|> <|assistant|>` and every earlier token is reused
 verbatim: token-in/token-out multi-turn rollouts never re-tokenize history.
 
-RUN uses `stop_token_ids`, `first_prompt` and `next_prompt`; a template for a Hugging Face
-tokenizer (rollstream.policy.hf_template) implements the same three.
+RUN uses `stop_token_ids`, `next_prompt` and `decode`; a template for a Hugging Face
+tokenizer (rollstream.policy.hf_template) implements the same.
 """
 
 from __future__ import annotations
@@ -33,13 +33,20 @@ class EmbeddedChatTemplate:
         self, sample_ids: Sequence[int], messages: Sequence[Mapping[str, str]]
     ) -> tuple[list[int], bool]:
         """The ids to append for the last message (always an append: this template never
-        re-renders history, so it never starts a new sample)."""
+        re-renders history, so it never starts a new sample); the whole rendering when there
+        is no history yet (a system message, then the task)."""
+        if not sample_ids:
+            return self.render(messages, add_generation_prompt=True), False
         delta = self.observation_delta(messages[-1].get("content") or "")
         if sample_ids and sample_ids[-1] not in self.stop_token_ids:
             # Cut off before its stop token (max_tokens): close the turn so the template stays
             # well-formed (the closing token is prompt, never trained on as sampled).
             return [END, *delta], False
         return delta, False
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of ids as the server writes it (RUN asks for special tokens in `text`)."""
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
 
     def render(
         self, messages: Iterable[Mapping[str, str]], add_generation_prompt: bool
@@ -53,3 +60,9 @@ class EmbeddedChatTemplate:
         if add_generation_prompt:
             ids.append(ASSISTANT)
         return ids
+
+
+def sample_count(turns: Sequence[Mapping[str, object]]) -> int:
+    """How many training samples an episode's turns make: one, plus one per turn where the
+    chat template re-rendered history (each re-sends and trains the whole context)."""
+    return 1 + sum(1 for turn in turns[1:] if turn.get("new_sample"))

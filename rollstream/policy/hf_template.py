@@ -8,6 +8,10 @@ transformers' `apply_chat_template` renders it: a sandboxed Jinja environment wi
 `trim_blocks`/`lstrip_blocks`, loop controls, `raise_exception`, `strftime_now` and a `tojson`
 that keeps non-ASCII text.
 
+A template file can replace the directory's (`chat_template`): rollstream/policy/templates/ has
+variants of Qwen3's and DeepSeek-R1's that keep earlier reasoning, so thinking conversations
+stay append-only (one sample per episode instead of one per turn).
+
 Multi-turn without re-tokenizing (RUN's contract, see `next_prompt`): the sample's ids are kept
 as sampled; the new message is rendered together with the whole conversation as text, and when
 that text starts with the text of the sample's ids, only the rest is tokenized and appended.
@@ -20,6 +24,7 @@ prompt is the whole re-rendered conversation. Nothing is ever silently re-tokeni
 from __future__ import annotations
 
 import json
+import unicodedata
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -54,15 +59,22 @@ def _token_text(value: Any) -> str | None:
 
 
 class HFChatTemplate:
-    def __init__(self, path: str | Path, template_kwargs: Mapping[str, Any] | None = None) -> None:
-        """`template_kwargs` are passed to the template (e.g. `enable_thinking`)."""
+    def __init__(self, path: str | Path, template_kwargs: Mapping[str, Any] | None = None,
+                 chat_template: str | Path | None = None) -> None:
+        """`template_kwargs` are passed to the template (e.g. `enable_thinking`);
+        `chat_template`, a Jinja file, replaces the tokenizer directory's template."""
         root = Path(path)
         if not (root / "tokenizer.json").is_file():
             raise TemplateError(f"{root}: no tokenizer.json (a local tokenizer directory)")
         self.tokenizer = Tokenizer.from_file(str(root / "tokenizer.json"))
         config_path = root / "tokenizer_config.json"
         config = json.loads(config_path.read_text()) if config_path.is_file() else {}
-        source = self._template_source(root, config)
+        if chat_template is not None:
+            if not Path(chat_template).is_file():
+                raise TemplateError(f"{chat_template}: no such chat template file")
+            source = Path(chat_template).read_text()
+        else:
+            source = self._template_source(root, config)
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                             extensions=[loopcontrols])
         env.filters["tojson"] = _tojson
@@ -72,6 +84,12 @@ class HFChatTemplate:
         self.special = {k: _token_text(config.get(k)) for k in _SPECIAL_KEYS}
         self.template_kwargs = dict(template_kwargs or {})
         self.stop_token_ids = self._stop_ids(root, self.special["eos_token"])
+        # Whether the tokenizer reads text as its NFC form (Qwen's normalizer), and does nothing
+        # else to it (a SentencePiece-style one rewrites spaces: not comparable as text).
+        probe = " Cafe\u0301  x\n"
+        normalizer = self.tokenizer.normalizer
+        self._nfc = normalizer is not None and (
+            normalizer.normalize_str(probe) == unicodedata.normalize("NFC", probe))
 
     @staticmethod
     def _template_source(root: Path, config: Mapping[str, Any]) -> str:
@@ -99,8 +117,10 @@ class HFChatTemplate:
 
     # -- text and ids ------------------------------------------------------------------------
 
-    def render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool) -> str:
-        return self.template.render(messages=list(messages),
+    def render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool,
+               tools: Sequence[Mapping[str, Any]] | None = None) -> str:
+        """`tools`: function definitions, passed as transformers passes them (the gateway)."""
+        return self.template.render(messages=list(messages), tools=tools,
                                     add_generation_prompt=add_generation_prompt,
                                     **self.special, **self.template_kwargs)
 
@@ -111,6 +131,9 @@ class HFChatTemplate:
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=False)
+
+    def _normalize(self, text: str) -> str:
+        return unicodedata.normalize("NFC", text) if self._nfc else text
 
     # -- RUN's interface ---------------------------------------------------------------------
 
@@ -124,8 +147,10 @@ class HFChatTemplate:
         `messages` (which ends with the new message) and a generation prompt; or, where the
         template does not render the conversation as an extension of those ids, the whole
         re-rendered conversation and True (start a new sample)."""
-        text = self.render(messages, add_generation_prompt=True)
-        history = self.decode(sample_ids)
+        # Compared as the tokenizer sees text: a normalizing one (Qwen's: NFC) reads a
+        # decomposed observation as its composed form, so the two spellings are one history.
+        text = self._normalize(self.render(messages, add_generation_prompt=True))
+        history = self._normalize(self.decode(sample_ids))
         if text.startswith(history):
             return self.encode(text[len(history):]), False
         return self.encode(text), True

@@ -141,6 +141,10 @@ def check_context(prompt_len: int, max_tokens: int, max_model_len: int) -> None:
         )
 
 
+MAX_TEMPERATURE = 2.0
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     max_tokens: int = 16
@@ -153,10 +157,18 @@ class SamplingParams:
     logprobs: int = 0  # top alternatives to report per token, besides the sampled one
 
     def __post_init__(self) -> None:
+        # vLLM 0.33's checks (SamplingParams._verify_args; the seed's range from its request
+        # model): a value that cannot be sampled with is a 400, never a failed batch.
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}.")
+        if not math.isfinite(self.temperature):
+            raise ValueError(f"temperature must be a finite number, got {self.temperature}.")
         if self.temperature < 0:
             raise ValueError(f"temperature must be non-negative, got {self.temperature}.")
+        if self.temperature > MAX_TEMPERATURE:
+            raise ValueError(f"temperature must be in [0, 2], got {self.temperature}.")
+        if self.seed is not None and not INT64_MIN <= self.seed <= INT64_MAX:
+            raise ValueError(f"seed must be in [{INT64_MIN}, {INT64_MAX}], got {self.seed}.")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}.")
         if self.top_k < -1:
@@ -274,7 +286,8 @@ class DecodeBatch:
         vocab = self.model.config.vocab_size
         ps = [s.params for s in self.seqs]
         temperature = torch.tensor([p.temperature for p in ps])
-        top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in ps])
+        # As vLLM's input batch: a top_k of 0, -1 or at least the vocabulary is no filter.
+        top_k = torch.tensor([p.top_k if 0 < p.top_k < vocab else vocab for p in ps])
         top_p = torch.tensor([p.top_p for p in ps])
         filtered = (top_k < vocab) | (top_p < 1)
         self._params = {

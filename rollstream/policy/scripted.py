@@ -3,7 +3,8 @@ response code, rollstream.policy.server) with completions read from scripts inst
 
 RUN cannot tell it from a model: it sends token ids, gets token ids, logprobs (0.0: the script
 is certain) and the stop token back. The server finds the episode's script from the prompt
-itself: it decodes the first user message and picks the script whose `match` text occurs in it
+itself: it decodes the messages before the first assistant turn and picks the script whose
+`match` text occurs in them
 (the longest match wins; "" matches everything), and the turn from the number of assistant turns
 already in the prompt. Past its end a script answers with an empty completion.
 
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rollstream.policy.tokenizer import ASSISTANT, END, EOS, USER, VOCAB_SIZE, ByteTokenizer
+from rollstream.policy.tokenizer import ASSISTANT, EOS, VOCAB_SIZE, ByteTokenizer
 
 DEFAULT_MAX_MODEL_LEN = 1 << 20  # a script has no context limit worth modelling
 
@@ -61,9 +62,9 @@ class ScriptedEngine:
         raise ValueError("a scripted policy has no weights to load")
 
     def completion_text(self, prompt_ids: list[int]) -> str:
-        first = prompt_ids.index(USER) + 1 if USER in prompt_ids else 0
-        end = prompt_ids.index(END, first) if END in prompt_ids[first:] else len(prompt_ids)
-        question = self.tokenizer.decode(prompt_ids[first:end])
+        # Every message before the first assistant turn (a system message may come first).
+        end = prompt_ids.index(ASSISTANT) if ASSISTANT in prompt_ids else len(prompt_ids)
+        question = self.tokenizer.decode(prompt_ids[:end], skip_special_tokens=True)
         turn = max(prompt_ids.count(ASSISTANT) - 1, 0)
         for script in self.scripts:
             if script.match in question:

@@ -37,12 +37,14 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from rollstream.inference import POLICY_VERSION_HEADER
 from rollstream.policy.chat import EmbeddedChatTemplate
@@ -84,7 +86,8 @@ class HTTPError(Exception):
         self.param = param
 
 
-_ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 503: "ServiceUnavailableError"}
+_ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 405: "MethodNotAllowed",
+                413: "RequestEntityTooLarge", 503: "ServiceUnavailableError"}
 
 
 def error_response(message: str, status: int = 400, param: str | None = None) -> web.Response:
@@ -178,24 +181,38 @@ class Engine:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            rows = len(self.batch) + len(admit)
             try:
-                finished = await asyncio.to_thread(self._step, admit)
+                finished, refused = await asyncio.to_thread(self._step, admit)
             except Exception as exc:  # a bug must fail its requests, not hang them
                 log.exception("decode step failed")
                 for seq in [*self.batch.seqs, *admit]:
                     self._finish(seq, exc)
                 self.batch.clear()
                 continue
-            self.prompt_tokens_total += sum(len(s.prompt_ids) for s in admit)
-            self.generation_tokens_total += rows
+            for seq, exc in refused:
+                self._finish(seq, exc)
+            joined = [s for s in admit if all(s is not r for r, _ in refused)]
+            self.prompt_tokens_total += sum(len(s.prompt_ids) for s in joined)
+            self.generation_tokens_total += len(self.batch) + len(finished)
             for seq in finished:
                 self._finish(seq, None)
 
-    def _step(self, admit: list[Sequence]) -> list[Sequence]:
+    def _step(self, admit: list[Sequence]
+              ) -> tuple[list[Sequence], list[tuple[Sequence, Exception]]]:
+        """Admit, then decode one token for every row: (finished, refused with why). A
+        request that cannot join the batch fails alone; the others join without it."""
+        refused: list[tuple[Sequence, Exception]] = []
         if admit:
-            self.batch.add(admit)
-        return self.batch.step()
+            try:
+                self.batch.add(admit)  # all or nothing: the batch is unchanged if it raises
+            except Exception:
+                for seq in admit:
+                    try:
+                        self.batch.add([seq])
+                    except Exception as exc:
+                        log.warning("request refused at admission: %s", exc)
+                        refused.append((seq, exc))
+        return self.batch.step(), refused
 
     def _finish(self, seq: Sequence, exc: Exception | None) -> None:
         future = self._futures.pop(seq, None)
@@ -405,59 +422,10 @@ class PolicyServer:
         return web.json_response({"object": "list", "data": [card]})
 
     async def metrics(self, request: web.Request) -> web.Response:
-        engine = self.engine
-        labels = f'{{engine="0",model_name="{self.model_name}"}}'
-        # The GRU has no paged KV cache: "usage" is the share of batch slots (recurrent states) in
-        # use, which is what limits admission here just as KV blocks do in vLLM.
-        series = [
-            (
-                "num_requests_running",
-                "gauge",
-                "Number of requests in model execution batches.",
-                len(engine.batch),
-            ),
-            (
-                "num_requests_waiting",
-                "gauge",
-                "Number of requests waiting to be processed.",
-                len(engine.waiting),
-            ),
-            (
-                "kv_cache_usage_perc",
-                "gauge",
-                "KV-cache usage. 1 means 100 percent usage.",
-                len(engine.batch) / engine.max_batch,
-            ),
-            ("num_preemptions", "counter", "Cumulative number of preemptions.", 0),
-            ("prefix_cache_queries", "counter", "Prefix cache queries, in tokens.", 0),
-            ("prefix_cache_hits", "counter", "Prefix cache hits, in tokens.", 0),
-            (
-                "prompt_tokens",
-                "counter",
-                "Number of prefill tokens processed.",
-                engine.prompt_tokens_total,
-            ),
-            (
-                "generation_tokens",
-                "counter",
-                "Number of generation tokens processed.",
-                engine.generation_tokens_total,
-            ),
-        ]
-        lines = []
-        for name, kind, doc, value in series:
-            sample = f"vllm:{name}_total" if kind == "counter" else f"vllm:{name}"
-            lines += [
-                f"# HELP vllm:{name} {doc}",
-                f"# TYPE vllm:{name} {kind}",
-                f"{sample}{labels} {float(value)}",
-            ]
-        lines += [
-            "# HELP rollstream:policy_version Version of the loaded weights (Rollstream).",
-            "# TYPE rollstream:policy_version gauge",
-            f"rollstream:policy_version{labels} {float(engine.policy_version)}",
-        ]
-        return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(_EngineCollector(self.engine, self.model_name))
+        return web.Response(body=generate_latest(registry),
+                            headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     # --- weights -----------------------------------------------------------------------------
 
@@ -492,6 +460,51 @@ class PolicyServer:
             raise HTTPError(f"cannot load weights from {path}: {exc}", param="path") from exc
 
 
+class _EngineCollector:
+    """The engine's numbers under vLLM's metric names, written by prometheus_client as vLLM's
+    own /metrics is (a counter's family and sample are both `<name>_total`)."""
+
+    def __init__(self, engine: Any, model_name: str) -> None:
+        self.engine = engine
+        self.labels = {"engine": "0", "model_name": model_name}
+
+    def collect(self) -> Iterator[Metric]:
+        engine = self.engine
+        # The GRU has no paged KV cache: "usage" is the share of batch slots (recurrent states)
+        # in use, which is what limits admission here just as KV blocks do in vLLM.
+        gauges = [
+            ("num_requests_running", "Number of requests in model execution batches.",
+             len(engine.batch)),
+            ("num_requests_waiting", "Number of requests waiting to be processed.",
+             len(engine.waiting)),
+            ("kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
+             len(engine.batch) / engine.max_batch),
+        ]
+        counters = [
+            ("num_preemptions", "Cumulative number of preemption from the engine.", 0),
+            ("prefix_cache_queries", "Prefix cache queries, in terms of number of queried "
+             "tokens.", 0),
+            ("prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", 0),
+            ("prompt_tokens", "Number of prefill tokens processed.",
+             engine.prompt_tokens_total),
+            ("generation_tokens", "Number of generation tokens processed.",
+             engine.generation_tokens_total),
+        ]
+        names, values = list(self.labels), list(self.labels.values())
+        for name, doc, value in gauges:
+            family = GaugeMetricFamily(f"vllm:{name}", doc, labels=names)
+            family.add_metric(values, float(value))
+            yield family
+        for name, doc, value in counters:
+            counter = CounterMetricFamily(f"vllm:{name}", doc, labels=names)
+            counter.add_metric(values, float(value))
+            yield counter
+        version = GaugeMetricFamily("rollstream:policy_version",
+                                    "Version of the loaded weights (Rollstream).", labels=names)
+        version.add_metric(values, float(engine.policy_version))
+        yield version
+
+
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -516,6 +529,8 @@ def _int_list(body: dict[str, Any], name: str) -> list[int]:
 
 
 async def _json_body(request: web.Request) -> dict[str, Any]:
+    if request.content_type != "application/json":  # vLLM's validate_json_request
+        raise HTTPError("Unsupported Media Type: Only 'application/json' is allowed")
     try:
         body = await request.json()
     except ValueError as exc:
@@ -531,8 +546,11 @@ async def _errors(request: web.Request, handler: Callable[..., Any]) -> web.Stre
         return await handler(request)
     except HTTPError as exc:
         return error_response(str(exc), exc.status, exc.param)
-    except web.HTTPException:
-        raise  # aiohttp's own 404/405
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        # aiohttp's own 404, 405, 413 (body over client_max_size): the same JSON errors.
+        return error_response(exc.text or exc.reason, exc.status)
     except Exception as exc:
         log.exception("request failed")
         return error_response(f"{type(exc).__name__}: {exc}", 500)

@@ -26,6 +26,7 @@ from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 from rollstream import kafka
 from rollstream.codec import DecodeError, codec
 from rollstream.config import Settings
+from rollstream.events import POLICY_VERSION
 
 # The PolicyVersion metric in which the trainer (trainer_bridge.train_loop) reports the groups
 # it is done with: the one place this name is defined.
@@ -50,7 +51,7 @@ class PolicyFollower:
             if msg is None or msg.error() is not None:
                 continue
             try:
-                event = codec().decode_as("PolicyVersion", msg.value())
+                event = codec().decode_as(POLICY_VERSION, msg.value())
             except DecodeError:
                 continue  # not ours to judge here; the policy topic's writers are trusted
             if event["version"] > self.version:

@@ -1,0 +1,297 @@
+"""Prometheus metrics of every long-running process, served at /metrics with `--metrics-port`.
+
+The other modules call one function here per thing worth counting, so what is measured and how
+it is named lives in one place. Names follow Prometheus conventions: counters end in `_total`,
+durations are in seconds. Off by default: until `serve()` is called, a stage gets `OFF`, whose
+methods do nothing, so a process without a metrics port pays no more than a no-op call.
+
+Stage series carry a `stage` label (init, run, eval, bridge, train); inference series a `server`
+label (the server's base URL).
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import time
+import weakref
+from collections import defaultdict
+from collections.abc import Iterator
+from typing import Any, get_args
+
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
+
+# Event latency: from the input record's timestamp (when it was produced) to when the stage is
+# done with it; spans milliseconds (INIT) to minutes (a long RUN episode).
+LATENCY_BUCKETS = (.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+LATENCY_SAMPLES = 4  # events of a sync stage's batch whose latency is recorded
+COMMIT_BUCKETS = (.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10)
+
+COMMIT_SECONDS = Histogram("rollstream_transaction_commit_seconds",
+                           "Time to commit one transaction (offsets and outputs)", ["stage"],
+                           buckets=COMMIT_BUCKETS)
+ABORTS = Counter("rollstream_transaction_aborts_total",
+                 "Transactions aborted (their events are redone)", ["stage"])
+REBALANCES = Counter("rollstream_rebalances_total",
+                     "Partition assignments, revocations and losses", ["stage", "kind"])
+
+EPISODES = Counter("rollstream_episodes_total", "Episodes scored, by failure class",
+                   ["failure_class"])
+REWARD = Histogram("rollstream_reward", "Rewards of scored episodes (infra failures have none)",
+                   ["env"], buckets=(0, .1, .2, .3, .4, .5, .6, .7, .8, .9, 1))
+STALENESS = Histogram("rollstream_trained_sample_staleness_versions",
+                      "Policy versions between a trained sample's oldest turn and the trainer",
+                      buckets=(0, 1, 2, 3, 4, 6, 8, 12, 16, 32))
+POLICY_VERSION = Gauge("rollstream_policy_version", "The policy version this trainer published")
+TRAIN_STEPS = Counter("rollstream_train_steps_total", "Trainer steps taken")
+TRAINED_SAMPLES = Counter("rollstream_trained_samples_total", "Samples trained on")
+TRAINED_TOKENS = Counter("rollstream_trained_tokens_total", "Sampled tokens trained on")
+
+INFERENCE_REQUESTS = Counter("rollstream_inference_requests_total",
+                             "Completion requests, by server and outcome (ok, error)",
+                             ["server", "outcome"])
+INFERENCE_RETRIES = Counter("rollstream_inference_retries_total",
+                            "Failed completion requests that are tried again", ["server"])
+MIGRATIONS = Counter("rollstream_episode_migrations_total",
+                     "Episodes moved off a server (down, removed or ejected)", ["server"])
+SERVER_LOAD = Gauge("rollstream_router_server_load", "The router's view of a server's load: "
+                    "pinned episodes + other clients' requests + KV-cache use", ["server"])
+SERVER_EPISODES = Gauge("rollstream_router_server_episodes", "Episodes pinned to a server",
+                        ["server"])
+SERVER_HEALTHY = Gauge("rollstream_router_server_healthy", "1 if a server is in rotation",
+                       ["server"])
+
+_sandboxes: weakref.WeakSet[Any] = weakref.WeakSet()
+SANDBOXES = Gauge("rollstream_sandboxes_alive", "Sandboxes created and not yet destroyed")
+SANDBOXES.set_function(lambda: sum(1 for s in list(_sandboxes) if not s.closed))
+
+_serving = False
+
+
+def serve(port: int, host: str = "0.0.0.0") -> None:
+    """Serve /metrics on `port` (0: do nothing); call once, early, in a long-running process."""
+    global _serving
+    if port and not _serving:
+        from rollstream.envs.base import FailureClass
+
+        # Every class from 0, so the first scored episodes show as an increase (rate() > 0).
+        for failure_class in get_args(FailureClass):
+            EPISODES.labels(failure_class)
+        start_http_server(port, addr=host)
+        _serving = True
+
+
+def serving() -> bool:
+    return _serving
+
+
+class StageMetrics:
+    """One stage process's hot-path series. Counted in plain attributes and exposed by
+    `_StageCollector` when scraped: a prometheus_client Counter.inc or Histogram.observe took
+    4-8 us here, more than a forwarding stage spends on an event."""
+
+    def __init__(self, stage: str) -> None:
+        self.stage = stage
+        self.consumed_n = 0
+        self.dead_lettered_n = 0
+        self.produced_n: defaultdict[str, int] = defaultdict(int)
+        self.in_flight_n = 0
+        self.paused_n = 0
+        self.latency_counts = [0] * (len(LATENCY_BUCKETS) + 1)  # the last one: +Inf
+        self.latency_sum = 0.0
+        self._commit = COMMIT_SECONDS.labels(stage)
+        self._aborts = ABORTS.labels(stage)
+        _stages.add(self)
+
+    def consumed(self, n: int = 1) -> None:
+        self.consumed_n += n
+
+    def finished(self, timestamp_ms: int) -> None:
+        """An input event is done; `timestamp_ms` is its record timestamp."""
+        seconds = max(0.0, time.time() - timestamp_ms / 1000)
+        self.latency_counts[bisect.bisect_left(LATENCY_BUCKETS, seconds)] += 1
+        self.latency_sum += seconds
+
+    def finished_batch(self, msgs: list[Any]) -> None:
+        """Input events (Kafka messages) just done together. A sample of them is recorded,
+        evenly spaced, about LATENCY_SAMPLES: with every message recorded, metrics on cost a
+        forwarding stage 11% more CPU per event (benchmarks/metrics.py)."""
+        step = max(1, len(msgs) // LATENCY_SAMPLES)
+        now = time.time()
+        counts, bounds = self.latency_counts, LATENCY_BUCKETS
+        for m in msgs[::step]:
+            stamp = m.timestamp()[1]
+            if stamp > 0:
+                seconds = max(0.0, now - stamp / 1000)
+                counts[bisect.bisect_left(bounds, seconds)] += 1
+                self.latency_sum += seconds
+
+    def produced(self, topic: str) -> None:
+        self.produced_n[topic] += 1
+
+    def dead_lettered(self) -> None:
+        self.dead_lettered_n += 1
+
+    def in_flight(self, n: int) -> None:
+        self.in_flight_n = n
+
+    def paused(self, n: int) -> None:
+        self.paused_n = n
+
+    def committed(self, seconds: float) -> None:
+        self._commit.observe(seconds)
+
+    def aborted(self) -> None:
+        self._aborts.inc()
+
+    def rebalanced(self, kind: str) -> None:
+        REBALANCES.labels(self.stage, kind).inc()
+
+
+class _Off(StageMetrics):
+    """No metrics port: every call is a no-op."""
+
+    def __init__(self, stage: str) -> None:
+        self.stage = stage
+
+    def consumed(self, n: int = 1) -> None: ...
+    def finished(self, timestamp_ms: int) -> None: ...
+    def finished_batch(self, msgs: list[Any]) -> None: ...
+    def produced(self, topic: str) -> None: ...
+    def dead_lettered(self) -> None: ...
+    def in_flight(self, n: int) -> None: ...
+    def paused(self, n: int) -> None: ...
+    def committed(self, seconds: float) -> None: ...
+    def aborted(self) -> None: ...
+    def rebalanced(self, kind: str) -> None: ...
+
+
+_stages: weakref.WeakSet[StageMetrics] = weakref.WeakSet()
+
+
+class _StageCollector(Collector):
+    """The StageMetrics of this process as Prometheus families (instances of one stage summed)."""
+
+    def collect(self) -> Iterator[Metric]:
+        consumed = CounterMetricFamily("rollstream_events_consumed_total",
+                                       "Input events a stage finished (handled or "
+                                       "dead-lettered)", labels=["stage"])
+        produced = CounterMetricFamily("rollstream_events_produced_total",
+                                       "Events a stage produced, by destination topic",
+                                       labels=["stage", "topic"])
+        dead = CounterMetricFamily("rollstream_events_dead_lettered_total",
+                                   "Input events sent to the dead-letter topic", labels=["stage"])
+        in_flight = GaugeMetricFamily("rollstream_in_flight_events",
+                                      "Events a stage is working on now", labels=["stage"])
+        paused = GaugeMetricFamily("rollstream_paused_partitions",
+                                   "Input partitions paused for backpressure", labels=["stage"])
+        latency = HistogramMetricFamily("rollstream_event_latency_seconds",
+                                        "From an input event's timestamp to the stage finishing "
+                                        "it (a sync stage: a sample of each batch)",
+                                        labels=["stage"])
+        by_stage: dict[str, list[StageMetrics]] = {}
+        for m in list(_stages):
+            by_stage.setdefault(m.stage, []).append(m)
+        for stage, ms in sorted(by_stage.items()):
+            consumed.add_metric([stage], sum(m.consumed_n for m in ms))
+            dead.add_metric([stage], sum(m.dead_lettered_n for m in ms))
+            in_flight.add_metric([stage], sum(m.in_flight_n for m in ms))
+            paused.add_metric([stage], sum(m.paused_n for m in ms))
+            topics: dict[str, int] = {}
+            for m in ms:
+                for topic, n in list(m.produced_n.items()):
+                    topics[topic] = topics.get(topic, 0) + n
+            for topic, n in sorted(topics.items()):
+                produced.add_metric([stage, topic], n)
+            counts = [sum(c) for c in zip(*(list(m.latency_counts) for m in ms), strict=True)]
+            cumulative = list(itertools.accumulate(counts))
+            buckets = [(floatToGoString(b), c) for b, c in zip(LATENCY_BUCKETS, cumulative,
+                                                                 strict=False)]
+            latency.add_metric([stage], [*buckets, ("+Inf", cumulative[-1])],
+                               sum(m.latency_sum for m in ms))
+        yield from (consumed, produced, dead, in_flight, paused, latency)
+
+
+REGISTRY.register(_StageCollector())
+
+
+def for_stage(stage: str) -> StageMetrics:
+    """The stage's metrics when this process serves them, else the no-op ones."""
+    return StageMetrics(stage) if _serving else _Off(stage)
+
+
+# -- domain events (one call each from the code where they happen) ---------------------------
+
+def scored(env: str, failure_class: str, reward: float | None) -> None:
+    EPISODES.labels(failure_class).inc()
+    if reward is not None:
+        REWARD.labels(env).observe(reward)
+
+
+def trained(version: int, samples: list[Any], tokens: float) -> None:
+    """A trainer step produced `version` from `samples` (trainer_bridge Sample objects)."""
+    POLICY_VERSION.set(version)
+    TRAIN_STEPS.inc()
+    TRAINED_SAMPLES.inc(len(samples))
+    TRAINED_TOKENS.inc(tokens)
+    for s in samples:
+        if s.oldest_version is not None and s.oldest_version >= 0:
+            STALENESS.observe(max(0, version - 1 - s.oldest_version))
+
+
+def inference_request(server: str, ok: bool) -> None:
+    INFERENCE_REQUESTS.labels(server, "ok" if ok else "error").inc()
+
+
+def inference_retry(server: str) -> None:
+    INFERENCE_RETRIES.labels(server).inc()
+
+
+def migrated(from_server: str) -> None:
+    MIGRATIONS.labels(from_server).inc()
+
+
+def server_probed(server: Any) -> None:
+    """The router's view of one server after a health check (routing.Server)."""
+    load, _ = server.score()
+    SERVER_LOAD.labels(server.url).set(load)
+    SERVER_EPISODES.labels(server.url).set(server.episodes)
+    SERVER_HEALTHY.labels(server.url).set(1 if server.usable else 0)
+
+
+def track_sandbox(sandbox: Any) -> None:
+    """Count a sandbox as alive until it is destroyed (`closed`) or garbage."""
+    _sandboxes.add(sandbox)
+
+
+# -- the pipeline as `rollstream status --watch` sees it (an exporter for lag and the DLQ) -----
+
+STAGE_LAG = Gauge("rollstream_stage_lag_events",
+                  "Events on a stage group's input topic past its committed offsets", ["stage"])
+STAGE_MEMBERS = Gauge("rollstream_stage_members", "Processes in a stage's consumer group",
+                      ["stage"])
+STAGE_COMMITTED = Gauge("rollstream_stage_committed_offsets",
+                        "Sum of a stage group's committed offsets (rate(): its throughput)",
+                        ["stage"])
+DLQ_EVENTS = Gauge("rollstream_dead_letters", "Events on the dead-letter topic")
+LATEST_POLICY = Gauge("rollstream_latest_policy_version",
+                      "The newest policy version on the policy topic")
+
+
+def pipeline_status(snapshot: dict[str, Any]) -> None:
+    """Export one `rollstream status` snapshot."""
+    for stage in snapshot["stages"]:
+        STAGE_LAG.labels(stage["stage"]).set(stage["lag"])
+        STAGE_MEMBERS.labels(stage["stage"]).set(len(stage["members"]))
+        STAGE_COMMITTED.labels(stage["stage"]).set(stage["committed"])
+    DLQ_EVENTS.set(snapshot["dlq"]["count"])
+    if snapshot["policy"] is not None:
+        LATEST_POLICY.set(snapshot["policy"]["version"])

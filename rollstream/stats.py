@@ -1,0 +1,270 @@
+"""`rollstream stats`: live analytics of a pipeline, a faust-streaming application.
+
+It reads `scored`, `trajectories`, `policy` and `dlq` in its own consumer group
+(`<prefix>.stats`) and keeps three tables of the same sums: all-time, tumbling 10 s windows and
+hopping 1 min windows (advancing by 10 s), by the events' timestamps. From them it serves, as
+JSON at /stats on Faust's web server, and publishes every few seconds to the compacted topic
+`<prefix>.stats` (key `summary`): episodes and episodes/s (over the 1 min window), reward by
+policy version and by environment, failure-class counts, turns and sampled tokens per episode,
+latency percentiles (INIT -> RUN start, the episode in RUN, RUN -> EVAL) from the events' own
+timestamps, trajectories by termination, and dead letters by stage.
+
+Why faust here and not in the stages: its tables cannot take part in the stages' Kafka
+transactions, but analytics only read. It runs with `processing_guarantee=exactly_once`, which
+reads committed data only (aborted stage outputs are not counted) and commits its table
+changelogs (topics `<prefix>.stats-*-changelog` on the same cluster) with its offsets.
+
+Table keys carry the source partition (`metric|label|partition`): each changelog partition then
+holds the sums of one source partition, so a restart or a rebalance recovers exact sums.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from rollstream import config
+from rollstream.broker import with_broker
+from rollstream.codec import DecodeError, codec, unpack_ids
+from rollstream.config import Settings
+from rollstream.events import DEAD_LETTER, POLICY_VERSION, SCORED_TRAJECTORY, TRAJECTORY
+
+# Latency buckets (ms) for the percentile estimates: a percentile is reported as the upper
+# bound of the bucket it falls in.
+LATENCY_BUCKETS_MS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10_000, 30_000,
+                      60_000, 120_000, 300_000, 600_000, 1_800_000, 3_600_000)
+PERCENTILES = (50, 90, 99)
+PUBLISH_INTERVAL_S = 5.0
+
+
+def scored_sums(event: dict) -> list[tuple[str, str, float]]:
+    """What one ScoredTrajectory adds: (metric, label, amount)."""
+    trajectory = event["trajectory"]
+    turns = trajectory["turns"]
+    env = trajectory["task"]["env"]
+    version = str(turns[0]["policy_version"]) if turns else "none"
+    tokens = sum(len(unpack_ids(t["completion_ids"])) for t in turns)
+    sums = [("episodes", "all", 1.0), ("episodes_by_env", env, 1.0),
+            ("failure_class", event["failure_class"], 1.0),
+            ("episodes_by_version", version, 1.0),
+            ("turns_by_env", env, float(len(turns))), ("tokens_by_env", env, float(tokens))]
+    if event["reward"] is not None:
+        sums += [("rewarded_by_version", version, 1.0),
+                 ("reward_sum_by_version", version, event["reward"]),
+                 ("rewarded_by_env", env, 1.0), ("reward_sum_by_env", env, event["reward"])]
+    finished = trajectory["finished_at_ms"]
+    spans = {"init_to_run": trajectory["started_at_ms"] - trajectory["task"]["created_at_ms"],
+             "run": finished - trajectory["started_at_ms"] if finished else None,
+             "run_to_eval": event["scored_at_ms"] - finished if finished else None}
+    for stage, ms in spans.items():
+        if ms is not None and ms >= 0 and trajectory["task"]["created_at_ms"] > 0:
+            sums.append(("latency_ms", f"{stage}:{_bucket(ms)}", 1.0))
+    return sums
+
+
+def _bucket(ms: float) -> int:
+    for i, bound in enumerate(LATENCY_BUCKETS_MS):
+        if ms <= bound:
+            return i
+    return len(LATENCY_BUCKETS_MS)
+
+
+def summarize(sums: dict[tuple[str, str], float]) -> dict[str, Any]:
+    """The report, from sums keyed by (metric, label) (partitions already added up)."""
+    def by(metric: str) -> dict[str, float]:
+        # A window without the key reads as 0: left out.
+        return {label: v for (m, label), v in sorted(sums.items()) if m == metric and v}
+
+    def mean(total: dict[str, float], count: dict[str, float]) -> dict[str, float | None]:
+        return {k: (total.get(k, 0.0) / n if n else None) for k, n in count.items()}
+
+    rewarded_v, rewarded_e = by("rewarded_by_version"), by("rewarded_by_env")
+    episodes_env = by("episodes_by_env")
+    reward_v = mean(by("reward_sum_by_version"), rewarded_v)
+    reward_e = mean(by("reward_sum_by_env"), rewarded_e)
+    latency: dict[str, dict[str, float]] = {}
+    buckets: dict[str, dict[int, float]] = {}
+    for label, n in by("latency_ms").items():
+        stage, index = label.rsplit(":", 1)
+        buckets.setdefault(stage, {})[int(index)] = n
+    for stage, counts in buckets.items():
+        total = sum(counts.values())
+        latency[stage] = {}
+        for q in PERCENTILES:
+            seen = 0.0
+            for i in sorted(counts):
+                seen += counts[i]
+                if seen >= total * q / 100:
+                    latency[stage][f"p{q}"] = (LATENCY_BUCKETS_MS[i] if i < len(LATENCY_BUCKETS_MS)
+                                               else float("inf"))
+                    break
+    return {
+        "episodes": by("episodes").get("all", 0.0),
+        "failure_classes": by("failure_class"),
+        "by_version": {v: {"episodes": n, "rewarded": rewarded_v.get(v, 0.0),
+                           "mean_reward": reward_v.get(v)}
+                       for v, n in by("episodes_by_version").items()},
+        "by_env": {e: {"episodes": n, "mean_reward": reward_e.get(e),
+                       "turns_per_episode": by("turns_by_env").get(e, 0.0) / n,
+                       "tokens_per_episode": by("tokens_by_env").get(e, 0.0) / n}
+                   for e, n in episodes_env.items()},
+        "latency_ms": latency,
+        "trajectories": by("trajectories"),
+        "dead_letters": by("dead_letters"),
+    }
+
+
+def _split(key: str) -> tuple[str, str]:
+    metric, label, _partition = key.split("|")
+    return metric, label
+
+
+def _add_up(items: Any) -> dict[tuple[str, str], float]:
+    sums: dict[tuple[str, str], float] = {}
+    for key, value in items:
+        mk = _split(key)
+        sums[mk] = sums.get(mk, 0.0) + value
+    return sums
+
+
+def build_app(settings: Settings, web_port: int, datadir: Path, partitions: int,
+              web_host: str = "127.0.0.1") -> Any:
+    import faust
+
+    prefix = settings.prefix
+    app = faust.App(
+        f"{prefix}.stats",
+        broker=[f"kafka://{b}" for b in settings.bootstrap_servers.split(",")],
+        store="memory://",
+        datadir=str(datadir),
+        processing_guarantee="exactly_once",
+        topic_partitions=partitions,
+        topic_replication_factor=1,
+        web_enabled=True,
+        web_port=web_port,
+        web_bind=web_host,
+        web_in_thread=False,
+        consumer_auto_offset_reset="earliest",
+    )
+    raw = {"key_serializer": "raw", "value_serializer": "raw"}
+    topics = settings.topics
+    scored = app.topic(topics.scored, value_type=bytes, **raw)
+    trajectories = app.topic(topics.trajectories, value_type=bytes, **raw)
+    dlq = app.topic(topics.dlq, value_type=bytes, **raw)
+    policy = app.topic(topics.policy, value_type=bytes, **raw)
+    stats_topic = app.topic(f"{prefix}.stats", partitions=1, compacting=True, internal=True,
+                            **raw)
+    table = {"key_type": str, "value_type": float, "default": float, "partitions": partitions}
+    total = app.Table("totals", **table)
+    tumbling = app.Table("tumbling-10s", **table).tumbling(
+        10, expires=timedelta(minutes=5), key_index=True).relative_to_stream()
+    hopping = app.Table("hopping-1m", **table).hopping(
+        60, 10, expires=timedelta(minutes=10), key_index=True).relative_to_stream()
+    latest_policy = app.Table("policy", key_type=str, value_type=float, default=float,
+                              partitions=1)
+
+    def add(partition: int, sums: list[tuple[str, str, float]]) -> None:
+        for metric, label, amount in sums:
+            key = f"{metric}|{label}|{partition}"
+            total[key] += amount
+            tumbling[key] += amount
+            hopping[key] += amount
+
+    def decoded(record: str, value: bytes) -> dict | None:
+        try:
+            return codec().decode_as(record, value)
+        except DecodeError:
+            return None  # the stages dead-letter what they cannot read; nothing to count here
+
+    def counter(topic: Any, record: str, sums: Any) -> None:
+        """An agent adding `sums(event)` to the tables for every `record` event on `topic`."""
+        async def count(stream: Any) -> None:
+            async for event in stream.events():
+                value = decoded(record, event.value)
+                if value is not None:
+                    add(event.message.partition, sums(value))
+
+        app.agent(topic, name=f"count-{record}")(count)
+
+    counter(scored, SCORED_TRAJECTORY, scored_sums)
+    counter(trajectories, TRAJECTORY, lambda t: [("trajectories", t["termination"], 1.0)])
+    counter(dlq, DEAD_LETTER, lambda d: [("dead_letters", d["stage"], 1.0)])
+
+    @app.agent(policy)
+    async def on_policy(stream: Any) -> None:
+        async for event in stream.events():
+            value = decoded(POLICY_VERSION, event.value)
+            if value is not None and value["version"] >= latest_policy["version"]:
+                latest_policy["version"] = float(value["version"])
+                latest_policy["created_at_ms"] = float(value["created_at_ms"])
+
+    def snapshot() -> dict[str, Any]:
+        # now(): the current 10 s window; the oldest 1 min window holding this moment.
+        last_1m = summarize(_add_up(list(hopping.items().now())))
+        return {
+            "at_ms": int(time.time() * 1000),
+            "policy_version": (int(latest_policy["version"])
+                               if "version" in latest_policy else None),
+            "episodes_per_s": last_1m["episodes"] / 60,
+            "total": summarize(_add_up(list(total.items()))),
+            "this_10s": summarize(_add_up(list(tumbling.items().now()))),
+            "last_1m": last_1m,
+        }
+
+    @app.page("/stats")
+    async def stats_view(web: Any, request: Any) -> Any:
+        return web.json(snapshot())
+
+    @app.task
+    async def declare_stats_topic() -> None:
+        await stats_topic.maybe_declare()
+
+    @app.timer(interval=PUBLISH_INTERVAL_S)
+    async def publish() -> None:
+        await stats_topic.send(key=b"summary", value=json.dumps(snapshot()).encode())
+
+    return app
+
+
+def register_cli(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "stats", help="live analytics (faust-streaming): windowed tables served as JSON",
+        description="Read scored, trajectories, policy and dlq in the consumer group "
+                    "<prefix>.stats and keep all-time, 10 s tumbling and 1 min hopping tables: "
+                    "episodes/s, reward by policy version and by environment, failure classes, "
+                    "turns and tokens per episode, stage latency percentiles, dead letters. "
+                    "Serves them at http://127.0.0.1:PORT/stats and publishes them to the "
+                    "compacted topic <prefix>.stats.")
+    parser.add_argument("--web-port", type=int, default=6066, help="port of the JSON server")
+    parser.add_argument("--web-host", default="127.0.0.1",
+                        help="address the JSON server listens on (0.0.0.0 in a container)")
+    parser.add_argument("--datadir", type=Path, default=Path(".rollstream/stats"),
+                        help="faust's local state directory")
+    config.add_arguments(parser)
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from confluent_kafka.admin import AdminClient
+
+    try:
+        import faust
+    except ImportError as exc:
+        raise SystemExit("rollstream stats needs faust-streaming: pip install "
+                         "'rollstream[stats]'") from exc
+
+    settings = with_broker(config.load(args))
+    scored = settings.topics.scored
+    meta = AdminClient(settings.kafka()).list_topics(scored, timeout=30).topics.get(scored)
+    if meta is None or meta.error is not None:
+        raise SystemExit(f"topic {scored} does not exist (rollstream topics create)")
+    # The tables' changelogs must have as many partitions as the topics they count.
+    datadir = args.datadir / settings.prefix
+    datadir.mkdir(parents=True, exist_ok=True)
+    app = build_app(settings, args.web_port, datadir, len(meta.partitions), args.web_host)
+    faust.Worker(app, loglevel="INFO").execute_from_commandline()
+    return 0

@@ -1,0 +1,248 @@
+"""`rollstream status`: one screen for a running pipeline of one prefix.
+
+Per stage group: its members and their partitions, its lag (events on its input topic past the
+group's committed offsets) and its rate (committed events per second between two looks). Lag is
+counted exactly, by reading the committed records past each committed offset (transaction
+markers take offsets too, so `end - committed` would never reach 0), unless more than
+EXACT_LAG_LIMIT are waiting; then it is `end - committed`, marked approximate. Also: the
+dead-letter count and latest reasons, the newest policy version (the trainer's position is the
+`train` group's lag), inference servers' health and load, and in-flight events where the
+stages' /metrics URLs are given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from rollstream import config, kafka, metrics
+from rollstream.broker import with_broker
+from rollstream.codec import DecodeError, codec
+from rollstream.config import Settings
+from rollstream.events import POLICY_VERSION
+from rollstream.graph import BRIDGE, STAGES, input_of
+
+EXACT_LAG_LIMIT = 20_000
+# (stage, consumer group suffix, input topic attribute of Topics), from the topic graph
+STAGE_GROUPS = tuple(("train" if g == BRIDGE else g, g, input_of(g).attr)
+                     for g in (*STAGES, BRIDGE))
+
+
+def _get(url: str, timeout: float = 3.0) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.read().decode(errors="replace")
+    except urllib.error.HTTPError as exc:
+        return exc.code, ""
+    except (urllib.error.URLError, OSError):
+        return 0, ""
+
+
+class Inspector:
+    """Reads the pipeline's state; keeps its Kafka clients between refreshes."""
+
+    def __init__(self, settings: Settings, metrics_urls: list[str] | None = None) -> None:
+        self.settings = settings
+        self.admin = AdminClient(settings.kafka())
+        self.probe = kafka.reader(settings, [])
+        self.metrics_urls = metrics_urls or []
+        self._previous: tuple[float, dict[str, int]] | None = None
+
+    def close(self) -> None:
+        self.probe.close()
+
+    def partitions(self, topic: str) -> list[int]:
+        meta = self.probe.list_topics(topic, timeout=10).topics.get(topic)
+        if meta is None or meta.error is not None:
+            return []
+        return sorted(meta.partitions)
+
+    def pending(self, topic: str, starts: dict[int, int]) -> tuple[int, bool]:
+        """Committed records at or past `starts` (partition -> offset): (count, exact)."""
+        ends = {p: self.probe.get_watermark_offsets(TopicPartition(topic, p), timeout=10,
+                                                    cached=False) for p in starts}
+        begin = {p: max(starts[p], ends[p][0]) for p in starts}
+        upper = {p: max(0, ends[p][1] - begin[p]) for p in starts}
+        if sum(upper.values()) > EXACT_LAG_LIMIT:
+            return sum(upper.values()), False
+        parts = [TopicPartition(topic, p, begin[p]) for p, n in upper.items() if n > 0]
+        return sum(1 for _ in kafka.read_partitions(self.settings, parts)), True
+
+    def stage(self, stage: str, group_suffix: str, topic_attr: str) -> dict[str, Any]:
+        group = self.settings.topics.group(group_suffix)
+        topic = getattr(self.settings.topics, topic_attr)
+        parts = self.partitions(topic)
+        request = ConsumerGroupTopicPartitions(group, [TopicPartition(topic, p) for p in parts])
+        committed = self.admin.list_consumer_group_offsets([request])[group].result(timeout=30)
+        starts = {tp.partition: tp.offset for tp in committed.topic_partitions}
+        lag, exact = self.pending(topic, starts)
+        description = self.admin.describe_consumer_groups([group])[group].result(timeout=30)
+        members = [{"client_id": m.client_id, "host": m.host,
+                    "partitions": sorted(tp.partition for tp in m.assignment.topic_partitions
+                                         if tp.topic == topic)}
+                   for m in description.members]
+        return {"stage": stage, "group": group, "topic": topic, "members": members,
+                "lag": lag, "lag_exact": exact,
+                "committed": sum(max(o, 0) for o in starts.values())}
+
+    def dead_letters(self, latest: int = 5) -> dict[str, Any]:
+        from rollstream import dlq
+
+        letters = list(dlq.dead_letters(self.settings))
+        newest = sorted(letters, key=lambda d: d.event["failed_at_ms"])[-latest:]
+        return {"count": len(letters),
+                "latest": [{"at": d.coordinates, "stage": d.event["stage"],
+                            "reason": d.event["reason"]} for d in reversed(newest)]}
+
+    def policy(self) -> dict[str, Any] | None:
+        topic = self.settings.topics.policy
+        if not self.partitions(topic):
+            return None
+        low, high = self.probe.get_watermark_offsets(TopicPartition(topic, 0), timeout=10,
+                                                     cached=False)
+        # Each version is one record and one transaction marker: the newest is in the last few.
+        tail = [TopicPartition(topic, 0, max(low, high - 10))]
+        newest = None
+        for msg in kafka.read_partitions(self.settings, tail):
+            try:
+                event = codec().decode_as(POLICY_VERSION, msg.value())
+            except DecodeError:
+                continue
+            if newest is None or event["version"] > newest["version"]:
+                newest = event
+        if newest is None:
+            return None
+        return {"version": newest["version"], "uri": newest["uri"],
+                "created_at_ms": newest["created_at_ms"],
+                "mean_reward": newest["metrics"].get("mean_reward")}
+
+    def servers(self) -> list[dict[str, Any]]:
+        from rollstream.inference import parse_load
+
+        rows = []
+        for url in self.settings.policy_urls():
+            health, _ = _get(f"{url}/health")
+            code, text = _get(f"{url}/metrics") if health == 200 else (0, "")
+            rows.append({"url": url, "healthy": health == 200,
+                         "load": parse_load(text) if code == 200 else {}})
+        return rows
+
+    def in_flight(self) -> dict[str, float]:
+        """Events in flight per stage, summed over the /metrics pages given."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        totals: dict[str, float] = {}
+        for url in self.metrics_urls:
+            code, text = _get(url)
+            if code != 200:
+                continue
+            for family in text_string_to_metric_families(text):
+                if family.name == "rollstream_in_flight_events":
+                    for s in family.samples:
+                        totals[s.labels["stage"]] = totals.get(s.labels["stage"], 0) + s.value
+        return totals
+
+    def snapshot(self) -> dict[str, Any]:
+        now = time.monotonic()
+        stages = [self.stage(*spec) for spec in STAGE_GROUPS]
+        positions = {s["stage"]: s["committed"] for s in stages}
+        if self._previous is not None:
+            then, before = self._previous
+            for s in stages:
+                # Offsets include transaction markers: a rate a little above the event rate.
+                s["rate"] = round((s["committed"] - before[s["stage"]]) / (now - then), 2)
+        self._previous = now, positions
+        in_flight = self.in_flight() if self.metrics_urls else {}
+        for s in stages:
+            if s["stage"] in in_flight:
+                s["in_flight"] = int(in_flight[s["stage"]])
+        return {"prefix": self.settings.prefix, "at_ms": int(time.time() * 1000),
+                "stages": stages, "dlq": self.dead_letters(), "policy": self.policy(),
+                "servers": self.servers()}
+
+
+def render(snap: dict[str, Any]) -> Any:
+    from rich.console import Group
+    from rich.table import Table
+
+    stages = Table(title=f"pipeline {snap['prefix']}", title_justify="left")
+    for col in ("stage", "members", "lag", "events/s", "in flight", "partitions"):
+        stages.add_column(col, justify="left" if col in ("stage", "partitions") else "right")
+    for s in snap["stages"]:
+        lag = f"{s['lag']}" + ("" if s["lag_exact"] else "~")
+        parts = "; ".join(f"{m['client_id']}: {m['partitions']}" for m in s["members"])
+        stages.add_row(s["stage"], str(len(s["members"])), lag, str(s.get("rate", "")),
+                       str(s.get("in_flight", "")), parts)
+    policy = snap["policy"]
+    lines = [stages,
+             f"policy version: {policy['version'] if policy else 'none'}"
+             + (f" (mean reward {policy['mean_reward']:.3f})"
+                if policy and policy["mean_reward"] is not None else ""),
+             f"dead letters: {snap['dlq']['count']}"]
+    lines += [f"  {d['at']} {d['stage']}: {d['reason']}" for d in snap["dlq"]["latest"]]
+    for srv in snap["servers"]:
+        load = ", ".join(f"{k} {v:g}" for k, v in sorted(srv["load"].items()))
+        lines.append(f"server {srv['url']}: {'up' if srv['healthy'] else 'DOWN'}"
+                     + (f" ({load})" if load else ""))
+    return Group(*lines)
+
+
+def register_cli(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "status", help="stage groups, lag, rates, dead letters, policy version, servers",
+        description="Show the pipeline of one prefix: per stage group its members and "
+                    "partitions, lag (events waiting past its committed offsets; '~' marks an "
+                    "estimate when very many wait), events/s over the interval, in-flight "
+                    "events (with --metrics-url); dead letters; the newest policy version; "
+                    "inference servers' health and load (--policy-url). With --watch and "
+                    "--metrics-port it also serves lag, members, committed offsets, dead "
+                    "letters and the policy version as Prometheus gauges.")
+    parser.add_argument("--json", action="store_true", help="print one JSON object per refresh")
+    parser.add_argument("--watch", action="store_true", help="refresh until interrupted")
+    parser.add_argument("--interval", type=float, default=2.0,
+                        help="seconds between looks (the events/s window)")
+    parser.add_argument("--metrics-url", action="append", default=[],
+                        help="a process's /metrics URL, for in-flight counts (repeatable)")
+    config.add_arguments(parser)
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    settings = with_broker(config.load(args))
+    metrics.serve(settings.metrics_port)
+    inspector = Inspector(settings, args.metrics_url)
+    try:
+        metrics.pipeline_status(inspector.snapshot())  # the first look: rates need two
+        if args.json:
+            while True:
+                time.sleep(args.interval)
+                snapshot = inspector.snapshot()
+                metrics.pipeline_status(snapshot)
+                print(json.dumps(snapshot), flush=True)
+                if not args.watch:
+                    return 0
+        from rich.live import Live
+
+        time.sleep(args.interval)
+        if not args.watch:
+            from rich.console import Console
+
+            Console().print(render(inspector.snapshot()))
+            return 0
+        with Live(render(inspector.snapshot()), auto_refresh=False) as live:
+            while True:
+                time.sleep(args.interval)
+                snapshot = inspector.snapshot()
+                metrics.pipeline_status(snapshot)
+                live.update(render(snapshot), refresh=True)
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        inspector.close()

@@ -1,0 +1,130 @@
+"""`rollstream stats` (faust-streaming) on the real broker: its tables equal a direct count of
+the topics it reads."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from confluent_kafka import TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from rollstream import kafka
+from rollstream.codec import codec
+from rollstream.config import Settings
+from rollstream.processes import ProcessGroup, free_port
+from tests.scored_factory import scored
+
+N = 60
+
+
+def produce_events(settings: Settings) -> None:
+    producer = kafka.producer(settings, f"{settings.prefix}.fill")
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    for i in range(N):
+        event = scored(f"t{i // 4}", i % 4, float(i % 3) / 2 if i % 7 else None, version=i % 5)
+        event["trajectory"]["task"]["created_at_ms"] = 1_000
+        event["trajectory"]["started_at_ms"] = 1_030  # 30 ms waiting for RUN
+        event["trajectory"]["finished_at_ms"] = 1_030 + 10 * i  # up to 590 ms in RUN
+        event["scored_at_ms"] = event["trajectory"]["finished_at_ms"] + 4
+        producer.produce(settings.topics.scored, codec().encode("ScoredTrajectory", event),
+                         event["trajectory"]["episode_id"])
+        if i % 10 == 0:
+            producer.produce(settings.topics.trajectories,
+                             codec().encode("Trajectory", event["trajectory"]), b"x")
+    producer.commit_transaction(30)
+    # An aborted transaction: read_committed, so it must not be counted.
+    producer.begin_transaction()
+    producer.produce(settings.topics.scored,
+                     codec().encode("ScoredTrajectory", scored("z", 0, 1.0)))
+    producer.abort_transaction(30)
+    plain = kafka.producer(settings)
+    plain.produce(settings.topics.dlq, codec().encode("DeadLetter", {
+        "stage": "init", "reason": "undecodable: test", "source_topic": settings.topics.tasks,
+        "source_partition": 0, "source_offset": 7, "key": b"k", "value": b"junk",
+        "failed_at_ms": 5}), b"k")
+    plain.produce(settings.topics.policy, codec().encode("PolicyVersion", {
+        "version": 3, "kind": "full", "uri": "/x", "step_id": "s", "metrics": {},
+        "created_at_ms": 5}), b"policy")
+    plain.flush(10)
+
+
+def direct_count(settings: Settings) -> tuple[Counter, dict[str, float], Counter]:
+    """Episodes, reward sums and failure classes per policy version, from <p>.scored itself."""
+    episodes: Counter = Counter()
+    rewards: dict[str, float] = {}
+    classes: Counter = Counter()
+    parts = [TopicPartition(settings.topics.scored, p, 0) for p in range(4)]
+    for msg in kafka.read_partitions(settings, parts):
+        event = codec().decode_as("ScoredTrajectory", msg.value())
+        version = str(event["trajectory"]["turns"][0]["policy_version"])
+        episodes[version] += 1
+        classes[event["failure_class"]] += 1
+        if event["reward"] is not None:
+            rewards[version] = rewards.get(version, 0.0) + event["reward"]
+    return episodes, rewards, classes
+
+
+@pytest.mark.slow
+def test_stats_tables_equal_a_direct_count(settings: Settings, tmp_path: Path) -> None:
+    produce_events(settings)
+    produced_at = time.time()
+    port = free_port()
+    procs = ProcessGroup(tmp_path)
+    procs.start("stats", "stats", "--bootstrap-servers", settings.bootstrap_servers,
+                "--prefix", settings.prefix, "--web-port", str(port),
+                "--datadir", str(tmp_path / "data"))
+    try:
+        deadline = time.monotonic() + 90
+        snap: dict = {}
+        while snap.get("total", {}).get("episodes") != N or snap.get("policy_version") is None:
+            procs.check_alive()
+            assert time.monotonic() < deadline, f"stats never counted {N} episodes: {snap}"
+            time.sleep(1)
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/stats", timeout=5) as r:
+                    snap = json.loads(r.read())
+            except OSError:
+                continue
+        published = None
+        while published is None or published["total"]["episodes"] != N:
+            assert time.monotonic() < deadline, "nothing published to the stats topic"
+            time.sleep(1)
+            stats_topic = [TopicPartition(f"{settings.prefix}.stats", 0, 0)]
+            for msg in kafka.read_partitions(settings, stats_topic):
+                published = json.loads(msg.value())
+    finally:
+        procs.stop_all()
+        admin = AdminClient(settings.kafka())
+        ours = [t for t in admin.list_topics(timeout=10).topics
+                if t.startswith(f"{settings.prefix}.stats")]
+        if ours:
+            for f in admin.delete_topics(ours).values():
+                f.result()
+
+    episodes, rewards, classes = direct_count(settings)
+    assert sum(episodes.values()) == N  # the aborted one is not in the topic either
+    total = snap["total"]
+    assert {v: row["episodes"] for v, row in total["by_version"].items()} == episodes
+    for version, row in total["by_version"].items():
+        rewarded = row["rewarded"]
+        assert row["mean_reward"] * rewarded == pytest.approx(rewards[version])
+    assert total["failure_classes"] == classes
+    assert total["trajectories"] == {"DONE": N // 10}
+    assert total["dead_letters"] == {"init": 1}
+    assert snap["policy_version"] == 3
+    env = total["by_env"]["copy_letter"]
+    assert env["episodes"] == N and env["turns_per_episode"] == 1
+    assert env["tokens_per_episode"] == 2  # scored_factory: two sampled tokens per episode
+    # 30 ms waiting: bucket (20, 50]; RUN 0..590 ms: median 300 -> (200, 500] bucket.
+    assert snap["total"]["latency_ms"]["init_to_run"]["p50"] == 50
+    assert snap["total"]["latency_ms"]["run"]["p50"] == 500
+    assert snap["total"]["latency_ms"]["run_to_eval"]["p99"] == 5
+    if time.time() - produced_at < 45:  # the 1 min window still holds every event
+        assert snap["last_1m"]["episodes"] == N
+    assert published["total"]["by_version"] == total["by_version"]
