@@ -367,7 +367,7 @@ def run(quick: bool = False, episodes: int | None = None, interval: float | None
         timeout_s: float = 3600) -> dict[str, Any]:
     """The benchmark; sizes from the arguments, else the environment (ROLLSTREAM_CHAOS_EPISODES,
     ROLLSTREAM_CHAOS_INTERVAL_S, ROLLSTREAM_CHAOS_KINDS, ROLLSTREAM_CHAOS_BASELINE=0), else
-    10,000 episodes (quick: 400, one partition-leader kill, no baseline)."""
+    10,000 episodes (quick: 400, partition-leader kills only, no baseline)."""
     env = os.environ.get
     episodes = episodes or int(env("ROLLSTREAM_CHAOS_EPISODES", 400 if quick else 10_000))
     interval = interval or float(env("ROLLSTREAM_CHAOS_INTERVAL_S", 20))
@@ -379,7 +379,10 @@ def run(quick: bool = False, episodes: int | None = None, interval: float | None
                          f"{PROCESS_KINDS + BROKER_KINDS}")
     if baseline is None:
         baseline = not quick and env("ROLLSTREAM_CHAOS_BASELINE", "1") != "0"
-    with tempfile.TemporaryDirectory(prefix="rollstream-chaos-") as tmp:
+    # ROLLSTREAM_CHAOS_WORKDIR keeps the processes' logs (and the cluster's) for a post-mortem.
+    keep = env("ROLLSTREAM_CHAOS_WORKDIR")
+    with (contextlib.nullcontext(keep) if keep
+          else tempfile.TemporaryDirectory(prefix="rollstream-chaos-")) as tmp:
         result = measure(episodes, interval, kinds, baseline, timeout_s, Path(tmp),
                          whole_cluster=not quick)
     faults = result["with_faults"]
