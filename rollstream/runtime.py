@@ -13,17 +13,20 @@ work around it:
   and source coordinates, in the same transaction; the stage keeps going;
 - poison outputs cannot stop a partition: each output is encoded and its size checked against
   its topic's max.message.bytes before anything is produced, and an output the client refuses
-  dead-letters its input (reason kept) instead of failing the transaction; a dead letter too
-  large for its topic keeps its coordinates and reason, its original bytes cut and marked so;
+  dead-letters its input (reason kept) instead of failing the transaction; a record the broker
+  alone refuses (a topic configured smaller than declared) fails its transaction once, and
+  when the rewound input comes again it is dead-lettered; a dead letter too large for its
+  topic keeps its coordinates and reason, its original bytes cut and marked so;
 - the transaction is `rollstream.checkpoint.Checkpoint`, which classifies every Kafka error:
   retriable ones are retried (bounded), abortable ones abort, fenced or fatal ones rebuild the
   producer; either way the runtime rewinds to the committed offsets and redoes what was not
   committed. A consumer that hits a fatal error (e.g. a static member fenced after a broker
   restart) is rebuilt and rejoins; an id that another live process keeps fencing stops the
   process with a message saying so (`IdInUse`);
-- SIGTERM/SIGINT: stop taking events, let in-flight ones finish, commit, leave the group, all
-  within the drain timeout: every blocking Kafka call is bounded (see checkpoint.py), so a
-  cluster that does not answer cannot keep the process alive.
+- SIGTERM/SIGINT: stop taking events, let in-flight ones finish within the drain timeout,
+  commit (one bounded call more), leave the group (bounded): every blocking Kafka call is
+  bounded or abandoned (see checkpoint.py), so a cluster that does not answer cannot keep the
+  process alive.
 """
 
 from __future__ import annotations
