@@ -11,5 +11,5 @@ COPY producers producers
 COPY stages stages
 COPY trainer_bridge trainer_bridge
 COPY examples examples
-RUN pip install --no-cache-dir .
+RUN pip install --no-cache-dir '.[stats]'
 ENTRYPOINT ["rollstream"]

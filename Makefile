@@ -14,7 +14,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[test]'
 	touch $@
 
-# Machine-level tools: bubblewrap (sandboxes without Docker) and the Kafka broker's jars (Maven).
+# Machine-level tools: bubblewrap (sandboxes without Docker), the Kafka broker's jars (Maven), and
+# a Docker engine with the local base image for Docker sandboxes (scripts/docker-engine.sh).
 deps: venv
 	@if ! command -v bwrap >/dev/null 2>&1; then \
 		if [ "$$(id -u)" = 0 ]; then \
@@ -33,6 +34,7 @@ deps: venv
 			echo "note: prometheus is missing; install it as root for the metrics test"; \
 		fi; \
 	fi
+	./scripts/docker-engine.sh
 	$(MAKE) harness-deps
 
 # mini-swe-agent, the harness the gateway is proven with, in a virtualenv of its own: a harness

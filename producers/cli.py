@@ -30,7 +30,7 @@ def run_publish(args: argparse.Namespace) -> int:
     from producers.publish import TaskFileError, load_tasks, publish
 
     try:
-        tasks = load_tasks(args.file, args.format)
+        tasks = load_tasks(args.file, args.format, config.load(args))
     except (TaskFileError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -78,7 +78,9 @@ def register_cli(sub: Any) -> None:
         help="validate a task file and send it to <prefix>.tasks",
         description="Validate every task in FILE (JSON syntax, the Task schema, a known env) and "
         "only then send them all, keyed by task_id, in one Kafka transaction: all or nothing. "
-        "A bad line is reported as FILE:LINE: field ... and exits with status 2.",
+        "Bounds are checked too (group_size, max_turns, sampling parameters, prompt and episode "
+        "size; limits in the --max-* settings). A bad line is reported as FILE:LINE: field ... "
+        "and exits with status 2.",
     )
     p.add_argument("file", metavar="FILE.jsonl", help="one Task JSON object per line")
     p.add_argument(

@@ -15,6 +15,7 @@ from typing import Any
 
 from fastavro.validation import ValidationError, validate
 
+from rollstream.bounds import check_task
 from rollstream.codec import codec
 from rollstream.config import Settings
 from rollstream.envs.registry import UnknownEnv, get_env
@@ -158,24 +159,27 @@ def _check_env(name: str, known: set[str]) -> None:
     known.add(name)
 
 
-def validate_task(item: dict[str, Any], known_envs: set[str] | None = None) -> dict[str, Any]:
-    """A complete Task (defaults filled, data as a JSON string); ValueError names the bad field."""
+def validate_task(item: dict[str, Any], known_envs: set[str] | None = None,
+                  settings: Settings | None = None) -> dict[str, Any]:
+    """A complete Task (defaults filled, data as a JSON string); ValueError names the bad field.
+
+    Beyond the schema, the task must meet the bounds of `settings` (rollstream.bounds; the
+    default settings when None), the same check INIT applies.
+    """
     schema = codec().schemas[TASK]
     task = _fill_defaults(schema["fields"], schema["__named_schemas"], item)
     if "data" in item:
         task["data"] = _normalize_data(item["data"])
     _check_types(schema, task)
-    if not task["task_id"]:
-        raise ValueError("field 'task_id': must not be empty")
-    for name in ("group_size", "max_turns"):  # zero would silently yield no episodes/turns
-        if task[name] < 1:
-            raise ValueError(f"field '{name}': must be at least 1, got {task[name]}")
+    check_task(task, settings or Settings())
     _check_env(task["env"], set() if known_envs is None else known_envs)
     return task
 
 
-def load_tasks(path: str | Path, fmt: str = "rollstream") -> list[dict[str, Any]]:
-    """Read and validate every task in `path`; raises TaskFileError at the first bad one."""
+def load_tasks(path: str | Path, fmt: str = "rollstream",
+               settings: Settings | None = None) -> list[dict[str, Any]]:
+    """Read and validate every task in `path` (against the bounds of `settings`); raises
+    TaskFileError at the first bad one."""
     if fmt not in FORMATS:
         raise TaskFileError(f"unknown task format {fmt!r}; known: {', '.join(FORMATS)}")
     tasks: list[dict[str, Any]] = []
@@ -183,7 +187,7 @@ def load_tasks(path: str | Path, fmt: str = "rollstream") -> list[dict[str, Any]
     known_envs: set[str] = set()
     for where, item in FORMATS[fmt](Path(path)):
         try:
-            task = validate_task(item, known_envs)
+            task = validate_task(item, known_envs, settings)
         except ValueError as exc:
             raise TaskFileError(f"{where}: {exc}") from None
         # Episode ids derive from task ids, so a duplicate would collide downstream.

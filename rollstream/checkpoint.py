@@ -21,8 +21,10 @@ commit through `Checkpoint`. What it guarantees, and what each kind of Kafka err
 - `Rewind` tells the caller that nothing since its last successful commit is committed: it
   drops that work and reads again from the committed offsets (`committed` reads them, bounded
   and retried), so nothing is lost and nothing is produced twice.
-- Every blocking call has a timeout no longer than `call_timeout_s`, so a stop request is
-  honoured within the caller's deadline plus one call.
+- Every blocking call is bounded: each transactional call runs in a thread of its own and is
+  abandoned (with its producer) when it has not returned after HUNG_S or by the caller's
+  deadline, so a stop request is honoured by its deadline even when the client does not
+  return.
 """
 
 from __future__ import annotations
@@ -42,7 +44,10 @@ from rollstream.config import Settings
 
 log = logging.getLogger("rollstream.checkpoint")
 
-CALL_TIMEOUT_S = 5.0  # longest single blocking Kafka call: how late a stop request can be seen
+CALL_TIMEOUT_S = 5.0  # the timeout given to each blocking Kafka call
+# A call not back after this long is abandoned (librdkafka bounds transactional requests by
+# transaction.timeout.ms, 15 s, whatever the call's own timeout).
+HUNG_S = 20.0
 RETRY_S = 30.0  # how long retriable commit errors are retried before the transaction is aborted
 FENCE_LIMIT = 3
 FENCE_WINDOW_S = 120.0
@@ -52,7 +57,8 @@ _FENCED = {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PR
            KafkaError.INVALID_TXN_STATE, KafkaError._STATE, KafkaError._FATAL}
 
 # Errors about one record, not the producer: that record is refused, the transaction goes on.
-_REFUSED = {KafkaError.MSG_SIZE_TOO_LARGE,
+_REFUSED = {KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE,
+            KafkaError.POLICY_VIOLATION,
             KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION, KafkaError._INVALID_ARG,
             KafkaError.INVALID_RECORD}
 
@@ -125,6 +131,9 @@ class Checkpoint:
         self.in_txn = False
         self.rewinds = 0
         self.producer: Producer | None = None
+        self._abandoned: list[Producer] = []  # kept alive while their stuck calls run
+        # (topic, key, error) of records the broker refused since the caller last looked.
+        self.refused: list[tuple[str, bytes | None, KafkaError]] = []
 
     def open(self) -> None:
         """Initialize the transactional producer: waits (bounded by the caller's deadline) for
@@ -178,10 +187,12 @@ class Checkpoint:
         while True:
             try:
                 if not sent:
-                    self.producer.send_offsets_to_transaction(
-                        offsets, group_metadata(), self._timeout())
+                    self._call("send_offsets_to_transaction",
+                               self.producer.send_offsets_to_transaction,
+                               offsets, group_metadata(), self._timeout())
                     sent = True
-                self.producer.commit_transaction(self._timeout())
+                self._call("commit_transaction", self.producer.commit_transaction,
+                           self._timeout())
                 break
             except KafkaException as exc:
                 err: KafkaError = exc.args[0]
@@ -200,7 +211,8 @@ class Checkpoint:
         started = time.monotonic()
         while True:
             try:
-                self.producer.abort_transaction(self._timeout())
+                self._call("abort_transaction", self.producer.abort_transaction,
+                           self._timeout())
                 break
             except KafkaException as exc:
                 err: KafkaError = exc.args[0]
@@ -235,22 +247,70 @@ class Checkpoint:
                           KafkaError.INVALID_PRODUCER_EPOCH):
             self.fences.fenced(err)
 
+    def _producer(self) -> Producer:
+        return kafka.producer(self.settings, self.transactional_id, on_delivery=self._delivered)
+
+    def _delivered(self, err: KafkaError | None, msg: Any) -> None:
+        """Delivery report: a record the broker refused (e.g. over a topic's actual limit) is
+        remembered, so the caller can tell which input's output failed its transaction."""
+        if err is not None and err.code() in _REFUSED:
+            self.refused.append((msg.topic(), msg.key(), err))
+
     def _new_producer(self) -> Producer:
         """A producer with our transactional id, initialized (which fences older holders)."""
-        producer = kafka.producer(self.settings, self.transactional_id)
+        producer = self._producer()
         started = time.monotonic()
         while True:
             try:
-                producer.init_transactions(self._timeout())
+                self.producer = producer  # what a call that does not return abandons
+                self._call("init_transactions", producer.init_transactions, self._timeout())
                 return producer
             except KafkaException as exc:
                 err = exc.args[0]
-                if classify(err) != "retry":
+                if err.code() == KafkaError._FATAL and self.producer is None:
+                    producer = self._producer()
+                elif classify(err) != "retry":
                     raise
                 if self._expired(started, None):
                     raise Stopped(f"init_transactions: {err}") from exc
                 log.info("init_transactions: %s; trying again", err)
                 time.sleep(0.5)
+            finally:
+                self.producer = None
+
+    def _call(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """One blocking transactional call, run in a thread of its own: after broker restarts a
+        call was seen not to return for minutes whatever its timeout. Past HUNG_S, or the
+        caller's deadline, the producer is abandoned (never destroyed while the call runs; the
+        next producer's initialization fences it) and a fatal error raised, so the caller
+        rewinds on a new producer."""
+        result: list[tuple[bool, Any]] = []
+
+        def run() -> None:
+            try:
+                result.append((True, fn(*args)))
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+                result.append((False, exc))
+
+        thread = threading.Thread(target=run, name=f"kafka-{what}", daemon=True)
+        thread.start()
+        started = time.monotonic()
+        while thread.is_alive():
+            thread.join(0.25)
+            deadline = self.deadline()
+            now = time.monotonic()
+            if thread.is_alive() and (now - started > HUNG_S or (
+                    deadline is not None and now > deadline)):
+                log.warning("%s did not return in %.0f s; abandoning the producer", what,
+                            now - started)
+                self._abandoned.append(self.producer)
+                self.producer = None
+                self.in_txn = False
+                raise KafkaException(KafkaError(KafkaError._FATAL, f"{what} did not return"))
+        ok, value = result[0]
+        if ok:
+            return value
+        raise value
 
     # -- bounds ------------------------------------------------------------------------------
 
@@ -287,7 +347,8 @@ class Checkpoint:
             return
         with _suppress_kafka():
             self.abort()
-        close_bounded(self.producer, self.call_timeout_s)
+        if self.producer is not None:
+            close_bounded(self.producer, self.call_timeout_s)
 
 
 class _suppress_kafka:  # noqa: N801
@@ -305,11 +366,13 @@ def close_bounded(client: Producer | Consumer, timeout_s: float) -> bool:
     """Flush a producer or close a consumer, giving up after timeout_s (a cluster that does not
     answer must not keep a stopping process alive). True when it finished in time."""
     def close() -> None:
-        with _suppress_kafka():
+        try:
             if isinstance(client, Consumer):
                 client.close()
             else:
                 client.flush(timeout_s)
+        except Exception as exc:  # noqa: BLE001 - a client that failed has nothing left to lose
+            log.info("closing a Kafka client: %s", exc)
 
     thread = threading.Thread(target=close, name="kafka-close", daemon=True)
     thread.start()

@@ -12,6 +12,7 @@ import rollstream.controller
 import rollstream.demo
 import rollstream.dlq
 import rollstream.envs.cli
+import rollstream.gateway.cli
 import rollstream.policy.cli
 import rollstream.policy.scripted
 import rollstream.sandbox.cli
@@ -35,6 +36,7 @@ FEATURE_MODULES = [
     rollstream.controller,
     producers.cli,
     rollstream.envs.cli,
+    rollstream.gateway.cli,
     rollstream.sandbox.cli,
     rollstream.demo,
     rollstream.status,

@@ -84,6 +84,32 @@ class Settings:
         metadata={"help": 'JSON object passed to the chat template, e.g. '
                           '\'{"enable_thinking": false}\''},
     )
+    # Bounds at the door (rollstream.bounds): checked by `publish`, INIT and RUN.
+    max_group_size: int = field(
+        default=1024, metadata={"help": "largest group_size a task may ask for"}
+    )
+    max_turns_per_episode: int = field(
+        default=256, metadata={"help": "largest max_turns a task may ask for"}
+    )
+    max_tokens_per_turn: int = field(
+        default=32768, metadata={"help": "largest sampling.max_tokens a task may ask for"}
+    )
+    max_episode_tokens: int = field(
+        default=1 << 20,
+        metadata={"help": "largest max_turns x sampling.max_tokens: the worst-case trajectory "
+                          "must fit the trajectories topic"},
+    )
+    max_prompt_bytes: int = field(
+        default=1 << 20, metadata={"help": "largest task prompt, UTF-8 bytes"}
+    )
+    max_task_id_bytes: int = field(
+        default=512, metadata={"help": "longest task_id, UTF-8 bytes (it keys every event)"}
+    )
+    dedup_window: int = field(
+        default=100_000,
+        metadata={"help": "ids INIT and EVAL remember per input partition to drop duplicates "
+                          "(rollstream.dedup)"},
+    )
 
     @cached_property
     def topics(self) -> Topics:

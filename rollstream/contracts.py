@@ -14,9 +14,10 @@ from typing import Any
 
 import avro.schema
 from avro.compatibility import ReaderWriterCompatibilityChecker, SchemaCompatibilityType
+from fastavro import parse_schema
 
 import schemas
-from rollstream.codec import Codec
+from rollstream.codec import Codec, spec_fingerprint
 
 DEFAULT_DIR = Path(schemas.__file__).parent
 TABLE = "fingerprints.json"
@@ -89,16 +90,19 @@ def export(found: SchemaSet, out: Path) -> dict[str, str]:
     for name in schemas.TOP_LEVEL:
         schema = found.current[name]
         (out / f"{schemas.NAMESPACE}.{name}.avsc").write_text(json.dumps(schema, indent=2) + "\n")
-    for alias in found.aliases.values():  # readers of old logs need the legacy writers too
-        target = out / alias["schema"]
-        target.parent.mkdir(exist_ok=True)
-        target.write_text(json.dumps(found.retired[target.name], indent=2) + "\n")
+    # Readers of old logs need every retired writer schema too (legacy aliases point at them).
+    (out / "history").mkdir(exist_ok=True)
+    for file, schema in found.retired.items():
+        (out / "history" / file).write_text(json.dumps(schema, indent=2) + "\n")
     (out / TABLE).write_text(json.dumps({
         "doc": "Avro single-object encoding: every value is C3 01, then this 8-byte CRC-64-AVRO "
                "fingerprint (little endian, shown as hex in wire order), then the Avro binary "
-               "body. legacy: read-only fingerprints of earlier releases and the schema (in "
-               "history/) each was written with.",
+               "body. retired: older writer schemas (their own spec fingerprints). legacy: "
+               "read-only non-spec fingerprints of earlier releases and the retired schema "
+               "each was written with.",
         "fingerprints": {f"{schemas.NAMESPACE}.{name}": fp for name, fp in table.items()},
+        "retired": {f"history/{file}": spec_fingerprint(parse_schema(schema)).hex()
+                    for file, schema in found.retired.items()},
         "legacy": {fp: {"record": f"{schemas.NAMESPACE}.{a['record']}", "schema": a["schema"]}
                    for fp, a in found.aliases.items()},
     }, indent=2) + "\n")
@@ -143,7 +147,7 @@ def register_cli(sub: Any) -> None:
         description="Write one self-contained .avsc per record type written to a topic (every "
                     "named type inlined, as any Avro library reads it) and fingerprints.json: "
                     "the single-object fingerprint of each, plus the legacy ones earlier "
-                    "releases wrote (their schemas under history/).")
+                    "releases wrote, with every retired schema under history/.")
     e.add_argument("dir", help="Output directory (created if missing).")
     e.add_argument("--schemas", default=str(DEFAULT_DIR), metavar="DIR",
                    help="Schemas directory (default: the installed one).")

@@ -40,7 +40,7 @@ class Topic:
 
     attr: str
     suffix: str
-    record: str  # the Avro record of its values
+    record: str  # the Avro record of its values ("": empty marker values, not Avro)
     key: str  # what the key is
     doc: str
     writers: tuple[str, ...]
@@ -125,6 +125,14 @@ GRAPH: tuple[Topic, ...] = (
         partitions=1,  # one partition: a total order of versions
     ),
     Topic(
+        "seen", "seen", "", "<stage>/<id>",
+        "ids INIT and EVAL have handled, on their input's partition; compacted (their "
+        "deduplication memory, rollstream.dedup)",
+        writers=(INIT, EVAL), followers=(INIT, EVAL),
+        config=_config(retention_ms=7 * DAY_MS, compression="lz4", max_bytes=1 * MIB,
+                       **{"cleanup.policy": "compact,delete", "min.cleanable.dirty.ratio": "0.1"}),
+    ),
+    Topic(
         "dlq", "dlq", events.DEAD_LETTER, "the source event's key",
         "events a stage could not decode or validate, with reason and source coordinates",
         writers=(*STAGES, BRIDGE), groups=(STATS,), followers=("dlq", "status"),
@@ -192,6 +200,10 @@ class Topics:
         return self._name("policy")
 
     @cached_property
+    def seen(self) -> str:
+        return self._name("seen")
+
+    @cached_property
     def dlq(self) -> str:
         return self._name("dlq")
 
@@ -202,7 +214,8 @@ def table() -> str:
             "| --- | --- | --- | --- | --- | --- |"]
     for t in GRAPH:
         readers = [f"**{g}**" for g in t.groups] + list(t.followers)
+        record = t.record or "(empty marker)"
         rows.append(
-            f"| `<p>.{t.suffix}` | {t.record} | {t.key} | {t.partitions or '`--partitions`'} "
+            f"| `<p>.{t.suffix}` | {record} | {t.key} | {t.partitions or '`--partitions`'} "
             f"| {', '.join(t.writers)} | {', '.join(readers)} |")
     return "\n".join(rows)

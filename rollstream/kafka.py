@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import time
@@ -13,6 +14,8 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 
 from rollstream.codec import headers_for
 from rollstream.config import Settings
+
+log = logging.getLogger("rollstream.kafka")
 
 
 def process_id(settings: Settings, role: str) -> str:
@@ -80,7 +83,10 @@ def produce(p: Producer, topic: str, value: bytes | None, key: str | bytes | Non
 
 def reader(settings: Settings, partitions: list[TopicPartition], **extra: Any) -> Consumer:
     """A consumer that reads the given partitions (from their offsets), committed data only,
-    outside any consumer group: for following or inspecting a topic, never for sharing work."""
+    outside any consumer group: for following or inspecting a topic, never for sharing work.
+
+    It rides out broker restarts and leader moves by itself (the client reconnects and resumes
+    at its position); errors it reports meanwhile are not fatal, and readers skip them."""
     c = Consumer({
         **settings.kafka(),
         "group.id": f"rollstream-reader-{uuid.uuid4().hex[:8]}",  # required, never joined
@@ -110,7 +116,10 @@ def read_partitions(settings: Settings, partitions: list[TopicPartition],
                     yield msg
                 elif err.code() == KafkaError._PARTITION_EOF:
                     remaining.discard((msg.topic(), msg.partition()))
-                else:
+                elif err.fatal() or err.code() in (KafkaError._UNKNOWN_TOPIC,
+                                                   KafkaError._UNKNOWN_PARTITION):
                     raise KafkaException(err)
+                else:  # a broker restarting or a leader moving: the client retries
+                    log.info("reading %s: %s", msg.topic(), err)
     finally:
         c.close()

@@ -17,7 +17,7 @@ import time
 import weakref
 from collections import defaultdict
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, get_args
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import (
@@ -43,8 +43,8 @@ ABORTS = Counter("rollstream_transaction_aborts_total",
 REBALANCES = Counter("rollstream_rebalances_total",
                      "Partition assignments, revocations and losses", ["stage", "kind"])
 
-EPISODES = Counter("rollstream_episodes_total", "Episodes scored, by environment and failure "
-                   "class", ["env", "failure_class"])
+EPISODES = Counter("rollstream_episodes_total", "Episodes scored, by failure class",
+                   ["failure_class"])
 REWARD = Histogram("rollstream_reward", "Rewards of scored episodes (infra failures have none)",
                    ["env"], buckets=(0, .1, .2, .3, .4, .5, .6, .7, .8, .9, 1))
 STALENESS = Histogram("rollstream_trained_sample_staleness_versions",
@@ -80,6 +80,11 @@ def serve(port: int, host: str = "0.0.0.0") -> None:
     """Serve /metrics on `port` (0: do nothing); call once, early, in a long-running process."""
     global _serving
     if port and not _serving:
+        from rollstream.envs.base import FailureClass
+
+        # Every class from 0, so the first scored episodes show as an increase (rate() > 0).
+        for failure_class in get_args(FailureClass):
+            EPISODES.labels(failure_class)
         start_http_server(port, addr=host)
         _serving = True
 
@@ -226,7 +231,7 @@ def for_stage(stage: str) -> StageMetrics:
 # -- domain events (one call each from the code where they happen) ---------------------------
 
 def scored(env: str, failure_class: str, reward: float | None) -> None:
-    EPISODES.labels(env, failure_class).inc()
+    EPISODES.labels(failure_class).inc()
     if reward is not None:
         REWARD.labels(env).observe(reward)
 

@@ -192,6 +192,10 @@ class StageRuntime:
         self._progress: dict[int, PartitionProgress] = {}
         self._tasks: dict[asyncio.Task, tuple[int, Message]] = {}
         self._paused: set[int] = set()
+        # Which input each output of the open transaction came from, and inputs whose output the
+        # broker refused: redone, they are dead-lettered instead of failing the transaction again.
+        self._sources: dict[tuple[str, str | bytes], tuple[int, int]] = {}
+        self._poison: dict[tuple[int, int], str] = {}
         self._consumer_fences = FenceCounter(f"consumer of group {self.group}")
         self._consumer_failed: KafkaError | None = None
         self._needs_rewind = False
@@ -244,8 +248,8 @@ class StageRuntime:
             log.warning("stage %s: stopped while the cluster did not answer (%s); what was not "
                         "committed is redone by the next owner", self.stage.name, exc)
         finally:
+            close_bounded(self.consumer, CALL_TIMEOUT_S)  # leaving: a revoke commits first
             self.checkpoint.close()
-            close_bounded(self.consumer, CALL_TIMEOUT_S)
             await self.stage.close()
         log.info("stage %s stopped: %s", self.stage.name, dict(self.stats))
 
@@ -352,6 +356,13 @@ class StageRuntime:
             self.stats["skipped"] += 1
             progress.passed(msg.offset())
             return None
+        if self._poison and progress is not None:
+            reason = self._poison.pop((msg.partition(), msg.offset()), None)
+            if reason is not None:
+                self._send_dead_letter(msg, reason)
+                progress.passed(msg.offset())
+                self.stats["processed"] += 1
+                return None
         return progress
 
     def _dispatch(self, msg: Message) -> None:
@@ -405,7 +416,7 @@ class StageRuntime:
             self._send_dead_letter(msg, dead_letter)
         try:
             records = [(out, self._encode(out)) for out in outputs]
-        except (OutputTooLarge, ValueError) as exc:  # ValueError: the codec rejected a record
+        except Exception as exc:  # too large, or the codec rejected a record
             records = []
             self._send_dead_letter(msg, self._reason(exc))
         self._produce_all(msg, records)
@@ -428,8 +439,10 @@ class StageRuntime:
         return value
 
     def _produce_all(self, msg: Message, records: list[tuple[Output, bytes | None]]) -> None:
-        produce = self.checkpoint.produce
+        produce, sources = self.checkpoint.produce, self._sources
+        source = (msg.partition(), msg.offset())
         for out, value in records:
+            sources[(out.topic, out.key)] = source
             try:
                 produce(out.topic, value, out.key, out.partition)
             except RecordRefused as exc:
@@ -475,6 +488,7 @@ class StageRuntime:
                    for p, prog in dirty.items()]
         started = time.monotonic()
         self.checkpoint.commit(offsets, self.consumer.consumer_group_metadata)
+        self._sources.clear()
         self.stats["commits"] += 1
         self.metrics.committed(time.monotonic() - started)
         for prog in dirty.values():
@@ -487,6 +501,7 @@ class StageRuntime:
         for task in self._tasks:
             task.cancel()
         self._tasks.clear()
+        self._sources.clear()
         parts = list(self._progress)
         self.stage.on_revoke(parts)
         self._progress.clear()
@@ -496,6 +511,7 @@ class StageRuntime:
         """Redo everything since the last commit: back to the committed offsets."""
         self._needs_rewind = False
         self.stats["rewinds"] += 1
+        self._note_refused()
         parts = [TopicPartition(self.topic, p) for p in self._forget_work()]
         try:
             for tp in self._restore(self.consumer, parts):
@@ -504,6 +520,17 @@ class StageRuntime:
             # A partition the consumer is not fetching yet cannot be sought: a fresh consumer
             # starts every partition at its committed offset.
             self._rebuild_consumer(exc.args[0], fenced=False)
+
+    def _note_refused(self) -> None:
+        """Inputs whose output the broker refused in the failed transaction: poison."""
+        for topic, key, err in self.checkpoint.refused:
+            source = self._sources.get((topic, key)) if key is not None else None
+            if source is None and key is not None:
+                source = self._sources.get((topic, key.decode(errors="replace")))
+            if source is not None:
+                self._poison[source] = f"output cannot be produced: {topic}: {err.str()}"
+        self.checkpoint.refused.clear()
+        self._sources.clear()
 
     def _rebuild_consumer(self, err: KafkaError, fenced: bool = True) -> None:
         """A consumer that failed for good (e.g. a static member fenced after a broker restart):

@@ -180,26 +180,19 @@ def build_app(settings: Settings, web_port: int, datadir: Path, partitions: int,
         except DecodeError:
             return None  # the stages dead-letter what they cannot read; nothing to count here
 
-    @app.agent(scored)
-    async def on_scored(stream: Any) -> None:
-        async for event in stream.events():
-            value = decoded(SCORED_TRAJECTORY, event.value)
-            if value is not None:
-                add(event.message.partition, scored_sums(value))
+    def counter(topic: Any, record: str, sums: Any) -> None:
+        """An agent adding `sums(event)` to the tables for every `record` event on `topic`."""
+        async def count(stream: Any) -> None:
+            async for event in stream.events():
+                value = decoded(record, event.value)
+                if value is not None:
+                    add(event.message.partition, sums(value))
 
-    @app.agent(trajectories)
-    async def on_trajectory(stream: Any) -> None:
-        async for event in stream.events():
-            value = decoded(TRAJECTORY, event.value)
-            if value is not None:
-                add(event.message.partition, [("trajectories", value["termination"], 1.0)])
+        app.agent(topic, name=f"count-{record}")(count)
 
-    @app.agent(dlq)
-    async def on_dead_letter(stream: Any) -> None:
-        async for event in stream.events():
-            value = decoded(DEAD_LETTER, event.value)
-            if value is not None:
-                add(event.message.partition, [("dead_letters", value["stage"], 1.0)])
+    counter(scored, SCORED_TRAJECTORY, scored_sums)
+    counter(trajectories, TRAJECTORY, lambda t: [("trajectories", t["termination"], 1.0)])
+    counter(dlq, DEAD_LETTER, lambda d: [("dead_letters", d["stage"], 1.0)])
 
     @app.agent(policy)
     async def on_policy(stream: Any) -> None:
@@ -256,8 +249,13 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import faust
     from confluent_kafka.admin import AdminClient
+
+    try:
+        import faust
+    except ImportError as exc:
+        raise SystemExit("rollstream stats needs faust-streaming: pip install "
+                         "'rollstream[stats]'") from exc
 
     settings = with_broker(config.load(args))
     scored = settings.topics.scored

@@ -56,7 +56,8 @@ def create_topics(
             spec.name(topics),
             num_partitions=partition_count(spec, partitions),
             replication_factor=replication_factor,
-            config=dict(spec.config),
+            # Replicated: a write waits for two copies, so one broker can die losing nothing.
+            config={**spec.config, "min.insync.replicas": "2" if replication_factor >= 3 else "1"},
         )
         for spec in TOPIC_SPECS
     ]

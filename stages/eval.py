@@ -10,6 +10,8 @@ import json
 import time
 
 from rollstream import metrics
+from rollstream.config import Settings
+from rollstream.dedup import SeenIds
 from rollstream.envs.base import termination_score
 from rollstream.envs.registry import UnknownEnv, get_env
 from rollstream.events import SCORED_TRAJECTORY, TRAJECTORY
@@ -20,8 +22,18 @@ class EvalStage(Stage):
     name = "eval"
     input_record = TRAJECTORY
 
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(settings)
+        self.seen = SeenIds(settings, self.name)  # each episode scored once (rollstream.dedup)
+
     def input_topic(self) -> str:
         return self.topics.trajectories
+
+    def on_assign(self, partitions: list[int]) -> None:
+        self.seen.restore(partitions)
+
+    def on_revoke(self, partitions: list[int]) -> None:
+        self.seen.forget(partitions)
 
     async def handle(self, trajectory: dict, ctx: EventContext) -> list[Output]:
         task = trajectory["task"]
@@ -31,9 +43,12 @@ class EvalStage(Stage):
             env = get_env(task["env"])
         except UnknownEnv as exc:
             raise InvalidEvent(str(exc)) from exc
+        if not self.seen.claim(ctx.partition, trajectory["episode_id"]):
+            return []
         score = termination_score(trajectory) or await env.evaluate(task, trajectory)
         metrics.scored(task["env"], score.failure_class, score.reward)
-        return [Output(self.topics.scored, trajectory["episode_id"], SCORED_TRAJECTORY, {
+        marker = self.seen.marker(ctx.partition, trajectory["episode_id"])
+        return [marker, Output(self.topics.scored, trajectory["episode_id"], SCORED_TRAJECTORY, {
             "trajectory": trajectory,
             "reward": score.reward,
             "failure_class": score.failure_class,

@@ -5,7 +5,9 @@ from __future__ import annotations
 import time
 
 from rollstream.admission import AdmissionGate
+from rollstream.bounds import check_task, show_id
 from rollstream.config import Settings
+from rollstream.dedup import SeenIds
 from rollstream.envs.base import InvalidTask
 from rollstream.envs.registry import UnknownEnv, get_env
 from rollstream.events import EPISODE, TASK
@@ -25,6 +27,7 @@ class InitStage(Stage):
         super().__init__(settings)
         self.gate = (AdmissionGate(settings, settings.admission_window)
                      if settings.admission_window > 0 else None)
+        self.seen = SeenIds(settings, self.name)  # a re-published task is expanded once
 
     def input_topic(self) -> str:
         return self.topics.tasks
@@ -32,23 +35,28 @@ class InitStage(Stage):
     def capacity(self) -> int | None:
         return None if self.gate is None else self.gate.capacity()
 
+    def on_assign(self, partitions: list[int]) -> None:
+        self.seen.restore(partitions)
+
+    def on_revoke(self, partitions: list[int]) -> None:
+        self.seen.forget(partitions)
+
     async def close(self) -> None:
         if self.gate is not None:
             self.gate.close()
 
     def handle(self, task: dict, ctx: EventContext) -> list[Output]:
         try:
+            check_task(task, self.settings)
             get_env(task["env"]).validate_task(task)
-        except (UnknownEnv, InvalidTask) as exc:
-            raise InvalidEvent(f"task {task['task_id']!r}: {exc}") from exc
-        if task["group_size"] < 1:
-            raise InvalidEvent(f"task {task['task_id']!r}: group_size must be at least 1")
-        if task["max_turns"] < 1:
-            raise InvalidEvent(f"task {task['task_id']!r}: max_turns must be at least 1")
+        except (ValueError, UnknownEnv, InvalidTask) as exc:
+            raise InvalidEvent(f"task {show_id(task['task_id'])}: {exc}") from exc
+        if not self.seen.claim(ctx.partition, task["task_id"]):
+            return []
         if self.gate is not None:
             self.gate.admit()
         now = int(time.time() * 1000)
-        return [
+        return [self.seen.marker(ctx.partition, task["task_id"])] + [
             Output(self.topics.episodes, episode_id(task["task_id"], i), EPISODE, {
                 "episode_id": episode_id(task["task_id"], i),
                 "task": task,

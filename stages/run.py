@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Protocol
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
 from rollstream import kafka, metrics
+from rollstream.bounds import check_episode
 from rollstream.codec import codec, pack_ids, pack_logprobs, unpack_ids
 from rollstream.config import Settings
 from rollstream.envs.harness import HarnessEnv
@@ -192,6 +193,7 @@ class RunStage(Stage):
     # -- the episode -------------------------------------------------------------------------
 
     async def handle(self, episode: dict, ctx: EventContext) -> list[Output]:
+        check_episode(episode, self.settings)  # bounds at the door, also for episodes sent here
         task = episode["task"]
         episode_id = episode["episode_id"]
         try:

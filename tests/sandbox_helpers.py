@@ -8,11 +8,18 @@ from pathlib import Path
 
 import pytest
 
-from rollstream.sandbox import bwrap
+from rollstream.sandbox import bwrap, docker
+from rollstream.sandbox.backends import BACKEND_ENV
 from rollstream.sandbox.leases import ROOT_ENV
 
 BWRAP_MISSING = bwrap.available()
 needs_bwrap = pytest.mark.skipif(BWRAP_MISSING is not None, reason=f"{BWRAP_MISSING}")
+DOCKER_MISSING = docker.available()
+# For tests run on each backend; docker's, heavier, are marked slow.
+BACKENDS = [pytest.param("bwrap", id="bwrap", marks=needs_bwrap),
+            pytest.param("docker", id="docker", marks=[
+                pytest.mark.slow,
+                pytest.mark.skipif(DOCKER_MISSING is not None, reason=f"{DOCKER_MISSING}")])]
 
 
 def processes_in(root: Path) -> dict[int, str]:
@@ -36,3 +43,11 @@ def sandbox_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Pa
     dirs, procs = live_sandboxes(root)
     assert not dirs, f"sandboxes left behind: {dirs}"
     assert not procs, f"sandboxed processes left behind: {procs}"
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest, sandbox_root: Path,
+            monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every sandbox the test makes comes from this backend (and none may be left)."""
+    monkeypatch.setenv(BACKEND_ENV, request.param)
+    return request.param

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import random
+import select
 import signal
 import subprocess
 import sys
@@ -15,7 +16,7 @@ import pytest
 from confluent_kafka import KafkaError, TopicPartition
 
 from rollstream import kafka
-from rollstream.checkpoint import Rewind, classify
+from rollstream.checkpoint import FENCE_LIMIT, FenceCounter, IdInUse, Rewind, classify
 from rollstream.codec import codec
 from rollstream.config import Settings
 from rollstream.runtime import Output
@@ -52,6 +53,14 @@ def test_errors_are_classified() -> None:
     assert classify(KafkaError(KafkaError.NOT_COORDINATOR, txn_requires_abort=True)) == "abort"
 
 
+def test_an_id_fenced_again_and_again_stops_with_a_message_saying_why() -> None:
+    fences = FenceCounter("transactional id x")
+    for _ in range(FENCE_LIMIT - 1):
+        fences.fenced("PRODUCER_FENCED")  # a broker restart or a crashed predecessor: go on
+    with pytest.raises(IdInUse, match="another live process uses the same id"):
+        fences.fenced("PRODUCER_FENCED")
+
+
 def test_a_fenced_trainer_cannot_commit_and_the_new_one_trains_each_batch_once(
         settings: Settings) -> None:
     settings = replace(settings, instance_id="trainer-1")
@@ -77,6 +86,7 @@ def work(bootstrap: str, prefix: str) -> None:
     with TrainerBridge(settings, groups_per_batch=1, transactional=True) as bridge:
         for step, batch in enumerate(bridge.batches(idle_timeout_s=600)):
             batch.ack([trained(settings, batch, step)])
+            print(step, flush=True)  # the test kills it once it has committed
 
 
 @pytest.mark.slow
@@ -87,14 +97,15 @@ def test_a_trainer_killed_mid_commit_trains_each_batch_once(settings: Settings) 
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
     rng = random.Random(7)
     for _ in range(3):
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)
-        time.sleep(rng.uniform(2.0, 4.0))  # started and committing; most of its time is commits
-        assert proc.poll() is None
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        assert proc.stdout is not None
+        ready, _, _ = select.select([proc.stdout], [], [], 120)
+        assert ready and proc.stdout.readline(), "the trainer committed nothing"
+        time.sleep(rng.uniform(0.0, 0.5))  # committing; most of its time is spent in commits
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
-    before = len(trained_episodes(settings))
-    assert 0 < before < 2 * TASKS, "the kills did not land while work was going on"
+    done = len(trained_episodes(settings))
+    assert done < 2 * TASKS, "the kills came after the work was done"
 
     with TrainerBridge(replace(settings, instance_id="trainer-k"), groups_per_batch=1,
                        transactional=True) as bridge:

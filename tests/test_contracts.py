@@ -171,5 +171,7 @@ def test_export_writes_self_contained_schemas_any_avro_library_reads(tmp_path: P
         doc = json.dumps(json.loads((tmp_path / f"{full}.avsc").read_text()))
         if full.endswith("Trajectory"):
             assert "int32 LE" in doc and "float32 LE" in doc
+    for file, fp in table["retired"].items():
+        assert avro.schema.parse((tmp_path / file).read_text()).fingerprint().hex() == fp
     for fp, legacy in table["legacy"].items():
-        assert (tmp_path / legacy["schema"]).exists(), fp
+        assert legacy["schema"] in table["retired"], fp

@@ -51,7 +51,9 @@ def _score(termination: str) -> dict:
     trajectory["task"]["env"] = Forgetful.name
     trajectory.update(termination=termination, termination_detail="why")
     ctx = EventContext(0, 0, lambda out: pytest.fail(f"unexpected emit {out}"))
-    [out] = asyncio.run(EvalStage(Settings()).handle(trajectory, ctx))
+    settings = Settings()
+    outputs = asyncio.run(EvalStage(settings).handle(trajectory, ctx))
+    [out] = [o for o in outputs if o.topic == settings.topics.scored]  # beside the seen marker
     assert isinstance(out.value, dict)
     return out.value
 

@@ -12,6 +12,7 @@ import asyncio
 import copy
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -254,3 +255,61 @@ def test_inference_down_past_the_retry_budget_is_infra(
         assert h.episode.trajectory["turns"] == []
 
     asyncio.run(with_harness(f"http://127.0.0.1:{free_port()}", run))
+
+
+# A Qwen2.5-style template with tools: their schemas in a system block, assistant tool calls
+# as <tool_call> JSON, tool answers as <tool_response> in a user turn.
+TOOL_TEMPLATE = (
+    "{%- if tools %}{{- '<|im_start|>system\\n# Tools\\n' }}"
+    "{%- for t in tools %}{{- t | tojson }}{{- '\\n' }}{%- endfor %}{{- '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- for m in messages %}"
+    "{%- if m.role == 'assistant' %}{{- '<|im_start|>assistant\\n' + m.content }}"
+    "{%- for c in m.tool_calls or [] %}{{- '<tool_call>\\n{\"name\": \"' + c.function.name"
+    " + '\", \"arguments\": ' }}{{- c.function.arguments | tojson }}{{- '}\\n</tool_call>' }}"
+    "{%- endfor %}{{- '<|im_end|>\\n' }}"
+    "{%- elif m.role == 'tool' %}"
+    "{{- '<|im_start|>user\\n<tool_response>\\n' + m.content }}"
+    "{{- '\\n</tool_response><|im_end|>\\n' }}"
+    "{%- else %}{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+BASH_TOOL = {"type": "function", "function": {
+    "name": "bash", "description": "Run a command",
+    "parameters": {"type": "object", "properties": {"command": {"type": "string"}}}}}
+
+
+def test_a_hugging_face_template_gets_tools_and_tool_calls(tmp_path: Path) -> None:
+    from rollstream.gateway.messages import PromptBuilder, assistant_message, normalize
+    from rollstream.policy.hf_template import HFChatTemplate
+    from tests.test_hf_template import tokenizer_dir
+
+    template = HFChatTemplate(tokenizer_dir(tmp_path / "tok", TOOL_TEMPLATE))
+    builder = PromptBuilder(template)
+    messages = normalize([{"role": "user", "content": "Guess a number."}])
+    prompt, new_sample = builder.prompt([], messages, [BASH_TOOL])
+    text = template.decode(prompt)
+    assert not new_sample
+    assert text.startswith('<|im_start|>system\n# Tools\n{"type": "function"')
+    assert text.endswith("<|im_start|>user\nGuess a number.<|im_end|>\n<|im_start|>assistant\n")
+    # What the server samples: thought, one call the Hermes way, end of turn.
+    sampled_text = 'Let me look.<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}' \
+                   "\n</tool_call>"
+    sample = prompt + template.encode(sampled_text) + [template.stop_token_ids[0]]
+    message, recorded = assistant_message(sampled_text, 0)
+    assert message["content"] == "Let me look."
+    assert json.loads(recorded) == [{"name": "bash", "arguments": {"command": "ls"}}]
+    follow = normalize([*messages, message, {"role": "tool", "tool_call_id": "call_0_0",
+                                             "content": "a.py"}])
+    delta, new_sample = builder.prompt(sample, follow, [BASH_TOOL])
+    assert not new_sample  # the template writes the call back as it was sampled
+    assert template.decode(sample + delta) == template.render(
+        [*messages, {**message, "tool_calls": [{"function": {
+            "name": "bash", "arguments": {"command": "ls"}}}]}, follow[-1]],
+        add_generation_prompt=True, tools=[BASH_TOOL])
+    # A harness that drops the call from its history: the whole rendering, a new sample.
+    dropped = normalize([*messages, {"role": "user", "content": "Again."}])
+    ids, new_sample = builder.prompt(sample, dropped, [BASH_TOOL])
+    assert new_sample
+    assert ids == template.encode(template.render(dropped, True, tools=[BASH_TOOL]))

@@ -18,6 +18,7 @@ from producers.publish import load_tasks, validate_task
 from rollstream.envs.base import InvalidTask
 from rollstream.envs.harness import HarnessEnv, HarnessSpec
 from rollstream.envs.mini_swe_agent import harness_task
+from rollstream.envs.swe.tool_calls import ToolCall, hermes
 from rollstream.policy.scripted import Script, create_app
 from rollstream.policy.server import BackgroundServer
 from tests.run_helpers import play, run_settings
@@ -151,3 +152,61 @@ def test_a_bad_harness_object_is_named(harness: object, message: str) -> None:
     with pytest.raises(InvalidTask, match=message.replace(".", r"\.")):
         HarnessEnv().validate_task({**task, "env": "harness", "data": json.dumps(data)})
     assert HarnessSpec.from_task(harness_task(task, {"command": "x"})).command == "x"
+
+
+def test_harness_tasks_command_writes_publishable_tasks(tmp_path: Path) -> None:
+    from rollstream.cli import main
+
+    out, scripts = tmp_path / "tasks.jsonl", tmp_path / "gold.jsonl"
+    assert main(["harness-tasks", str(SHIPPED), "-o", str(out), "--max-turns", "7",
+                 "--max-total-tokens", "50000", "--gold-scripts", str(scripts)]) == 0
+    tasks = load_tasks(out)  # what `rollstream publish` reads
+    assert len(tasks) == 26 and {t["env"] for t in tasks} == {"harness"}
+    spec = HarnessSpec.from_task(tasks[0])
+    assert spec.command.startswith("mini ") and spec.max_total_tokens == 50000
+    assert tasks[0]["max_turns"] == 7
+    gold = [json.loads(line) for line in scripts.read_text().splitlines()]
+    assert [g["match"] for g in gold] == [
+        json.loads(t["data"])["problem_statement"].strip() for t in tasks]
+    assert all("git apply" in g["completions"][1] for g in gold)
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"command": ""}')
+    assert main(["harness-tasks", str(SHIPPED), "-o", str(out), "--harness", str(bad)]) == 2
+
+
+HARNESS_PYTHON = Path(__file__).resolve().parent.parent / ".rollstream" / "harness-venv" / \
+    "bin" / "python"
+# The official OpenAI client (mini-swe-agent's dependency) against the gateway: tools, a tool
+# call answered, streaming reassembled by the client itself.
+OPENAI_CLIENT_HARNESS = textwrap.dedent("""\
+    import json, openai
+    client = openai.OpenAI()  # OPENAI_BASE_URL / OPENAI_API_KEY from the environment
+    tools = [{"type": "function", "function": {"name": "bash", "parameters": {
+        "type": "object", "properties": {"command": {"type": "string"}}}}}]
+    messages = [{"role": "user", "content": "list the files"}]
+    first = client.chat.completions.create(model="any", messages=messages, tools=tools)
+    call = first.choices[0].message.tool_calls[0]
+    print("CALL", call.function.name, json.loads(call.function.arguments), flush=True)
+    messages += [first.choices[0].message.model_dump(exclude_none=True),
+                 {"role": "tool", "tool_call_id": call.id, "content": "a.py"}]
+    stream = client.chat.completions.create(model="any", messages=messages, tools=tools,
+                                            stream=True)
+    text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    print("STREAMED", text, flush=True)
+""")
+
+
+@needs_bwrap
+@pytest.mark.skipif(not HARNESS_PYTHON.exists(),
+                    reason="the harness virtualenv is missing (`make harness-deps`); the "
+                           "gateway's wire format is tested in test_gateway.py")
+def test_the_openai_client_speaks_to_the_gateway(sandbox_root: Path) -> None:
+    answers = [hermes(ToolCall("bash", {"command": "ls"})), "Two files."]
+    with BackgroundServer(app=create_app([Script("", answers)])) as url:
+        trajectory, state = play_one(url, episode(
+            f"{HARNESS_PYTHON} - <<'PY'\n{OPENAI_CLIENT_HARNESS}PY"))
+    output = state["harness"]["output_tail"]
+    assert trajectory["termination"] == "DONE", output
+    assert "CALL bash {'command': 'ls'}" in output
+    assert "STREAMED Two files." in output
+    assert [t["new_sample"] for t in trajectory["turns"]] == [False, False]

@@ -6,6 +6,8 @@ BinaryMessageDecoder/Encoder and the Java Kafka client)."""
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 import shutil
 import subprocess
 import time
@@ -29,6 +31,7 @@ from rollstream.topics import create_topics, delete_topics
 from tests.avro_reference import Reference
 
 JAVA_DIR = Path(__file__).resolve().parent.parent / "examples" / "java"
+LEGACY = Path(__file__).parent / "fixtures" / "legacy_events.json"
 JAVA_TASKS = 2
 GROUP = 2
 # Topic (a Topics attribute) -> the record every non-null value on it must be.
@@ -168,6 +171,12 @@ def run(bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ru
                 break
             assert time.monotonic() < deadline, f"not scored: {sorted(expected - scored)}"
             time.sleep(1.0)
+        # Old logs: scored events as earlier releases wrote them (legacy and retired writers).
+        for event in json.loads(LEGACY.read_text())["events"]:
+            if event["record"] == "ScoredTrajectory":
+                kafka.produce(producer, settings.topics.scored, base64.b64decode(event["base64"]),
+                              key="legacy-1#1")
+        producer.flush(30)
         yield r
     finally:
         procs.stop_all()
@@ -220,4 +229,5 @@ def test_the_java_example_decodes_every_scored_record(run: Run) -> None:
     lines = done.stdout.splitlines()
     assert lines[-1] == f"DECODED {total} FAILED 0"
     decoded = {line.split()[1] for line in lines if line.startswith("SCORED ")}
-    assert decoded == run.expected  # every episode, the Java-published tasks' included
+    # Every episode, the Java-published tasks' and the old releases' events included.
+    assert decoded == run.expected | {"legacy-1#1"}

@@ -84,14 +84,14 @@ def test_domain_metrics_count_scores_and_staleness() -> None:
     def sample(name: str, **labels: str) -> float:
         return REGISTRY.get_sample_value(name, labels) or 0.0
 
-    before_ok = sample("rollstream_episodes_total", env="envx", failure_class="ok")
-    before_infra = sample("rollstream_episodes_total", env="envx", failure_class="infra")
+    before_ok = sample("rollstream_episodes_total", failure_class="ok")
+    before_infra = sample("rollstream_episodes_total", failure_class="infra")
+    before_rewards = sample("rollstream_reward_count", env="envx")
     metrics.scored("envx", "ok", 0.75)
     metrics.scored("envx", "infra", None)
-    assert sample("rollstream_episodes_total", env="envx", failure_class="ok") == before_ok + 1
-    assert sample("rollstream_episodes_total", env="envx",
-                  failure_class="infra") == before_infra + 1
-    assert sample("rollstream_reward_count", env="envx") == before_ok + 1  # infra: no reward
+    assert sample("rollstream_episodes_total", failure_class="ok") == before_ok + 1
+    assert sample("rollstream_episodes_total", failure_class="infra") == before_infra + 1
+    assert sample("rollstream_reward_count", env="envx") == before_rewards + 1  # infra: none
     assert sample("rollstream_reward_sum", env="envx") >= 0.75
 
 

@@ -4,10 +4,12 @@ and the good events behind it on the same partition are processed exactly once."
 
 from __future__ import annotations
 
+import secrets
 from collections import Counter
 
 import pytest
 from confluent_kafka import TopicPartition
+from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
 
 from rollstream import kafka
 from rollstream.codec import codec
@@ -83,3 +85,35 @@ def test_unproducible_outputs_and_oversized_dead_letters_do_not_stop_the_partiti
     assert settings.topics.episodes in too_big["reason"]
     assert too_big["truncated_from"] is None and too_big["value"] == inputs[3][1]
     assert runtime.stats["dead_lettered"] == 2
+
+
+def test_an_output_the_broker_refuses_dead_letters_its_input_when_redone(
+        settings: Settings) -> None:
+    # The topic's actual limit is smaller than the declared one, so only the broker can tell:
+    # the transaction fails, and the input whose output was refused is dead-lettered when redone.
+    admin = AdminClient({"bootstrap.servers": settings.bootstrap_servers})
+    resource = ConfigResource("topic", settings.topics.episodes, incremental_configs=[
+        ConfigEntry("max.message.bytes", str(64 * 1024),
+                    incremental_operation=AlterConfigOpType.SET)])
+    for future in admin.incremental_alter_configs([resource]).values():
+        future.result(timeout=30)
+    producer = kafka.producer(settings)
+    # Random text: compression (the limit applies to compressed batches) leaves it over 64 KiB.
+    noise = codec().encode("PolicyVersion", {"version": 1, "uri": secrets.token_hex(128 * 1024),
+                                             "created_at_ms": 0})
+    inputs = [(b"0", policy_event(0)), (b"1", noise), (b"2", policy_event(2))]
+    for key, value in inputs:
+        kafka.produce(producer, settings.topics.trajectories, value, key=key, partition=0)
+    producer.flush(60)
+
+    runtime = StageRuntime(Forward(settings), settings)
+    run_until(runtime, lambda: runtime.stats["dead_lettered"] >= 1, timeout=90)
+
+    out = kafka.read_partitions(settings, [TopicPartition(settings.topics.episodes, p, 0)
+                                           for p in range(settings.partitions)])
+    assert Counter(m.key() for m in out) == {b"0": 1, b"2": 1}
+    letters = [codec().decode_as("DeadLetter", m.value()) for m in kafka.read_partitions(
+        settings, [TopicPartition(settings.topics.dlq, p, 0) for p in range(settings.partitions)])]
+    assert [(dl["source_offset"], dl["value"]) for dl in letters] == [(1, inputs[1][1])]
+    assert letters[0]["reason"].startswith("output cannot be produced:")
+    assert runtime.stats["rewinds"] >= 1

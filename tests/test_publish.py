@@ -157,9 +157,10 @@ def test_dry_run_validates_without_sending(
 def test_publish_is_all_or_nothing(settings: Settings) -> None:
     # The last task is larger than the tasks topic accepts (max.message.bytes 4 MiB): the
     # broker rejects it, so the transaction aborts and none of the others may be visible.
+    # (validate_task refuses such a prompt; publish() must still be all-or-nothing without it.)
     huge = base64.b64encode(os.urandom(5 * 1024 * 1024)).decode()
     tasks = [validate_task(_task(i)) for i in range(5)]
-    tasks.append(validate_task(_task(5, prompt=huge)))
+    tasks.append({**validate_task(_task(5)), "prompt": huge})
     with pytest.raises(Exception, match="(?i)too large|MSG_SIZE"):
         publish(settings, tasks)
     assert _committed(settings, settings.topics.tasks) == []

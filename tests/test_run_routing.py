@@ -14,6 +14,7 @@ from rollstream.controller import lora_name
 from rollstream.policy.chat import EmbeddedChatTemplate
 from rollstream.policy.simulated import Fleet, SimulatedServer
 from rollstream.routing import UNKNOWN_VERSION, Router, VersionUnknown
+from rollstream.runtime import EventContext
 from stages.eval import EvalStage
 from stages.run import RunStage, conversation
 from tests.run_helpers import guess_episodes, play, run_settings
@@ -173,7 +174,8 @@ def test_failing_server_ends_the_episode_as_infra_never_reward_zero(
     for trajectory in trajectories:
         assert trajectory["termination"] == "INFRA_ERROR", trajectory["termination_detail"]
         assert "4 times" in trajectory["termination_detail"]
-        [scored] = asyncio.run(eval_stage.handle(trajectory, None))  # type: ignore[arg-type]
+        outputs = asyncio.run(eval_stage.handle(trajectory, EventContext(0, 0, print)))
+        [scored] = [o for o in outputs if o.topic == eval_stage.topics.scored]
         assert scored.value["failure_class"] == "infra" and scored.value["reward"] is None
 
 

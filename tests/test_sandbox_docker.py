@@ -13,11 +13,11 @@ import pytest
 
 from rollstream.sandbox import Limits, SandboxSpec
 from rollstream.sandbox.backends import BACKEND_ENV, backend_name, unavailable
-from rollstream.sandbox.docker import LABEL, OWNER_LABEL, DockerBackend
+from rollstream.sandbox.docker import DEFAULT_IMAGE, KEEPER, LABEL, OWNER_LABEL, DockerBackend
 from rollstream.sandbox.docker import available as docker_available
 
 NO_DOCKER = docker_available()
-IMAGE = os.environ.get("ROLLSTREAM_TEST_DOCKER_IMAGE", "python:3.11-slim")
+IMAGE = os.environ.get("ROLLSTREAM_TEST_DOCKER_IMAGE", DEFAULT_IMAGE)
 
 
 class _Container:
@@ -33,6 +33,7 @@ class _Container:
 
     def remove(self, force: bool) -> None:
         self.removed = force
+
 
 
 class _Api:
@@ -85,7 +86,7 @@ def test_container_is_locked_down_and_labelled_and_exec_has_a_timeout() -> None:
 
     sandbox, result = asyncio.run(body())
     run = client.containers.runs[0]
-    assert run["image"] == "img:1" and run["command"] == ["sleep", "infinity"]
+    assert run["image"] == "img:1" and run["command"] == KEEPER
     assert run["network_disabled"] and run["network_mode"] == "none"
     assert run["mem_limit"] == run["memswap_limit"] == "1024m"
     assert run["nano_cpus"] == 2_000_000_000 and run["pids_limit"] == 100
@@ -130,3 +131,70 @@ def test_real_container_is_isolated_limited_and_removed() -> None:
         assert sandbox.id not in {lease.id for lease in backend.leases()}
 
     asyncio.run(body())
+
+
+# As in the bwrap suite: still printing at the timeout, deaf to SIGTERM, or moved out of the
+# command's process group (which `timeout` alone would not reach) with the output held open.
+RUNAWAY = {
+    "yes": "yes",
+    "urandom": "base64 /dev/urandom",
+    "ignores_sigterm": "trap '' TERM; while :; do echo still here; sleep 0.01; done",
+    "setsid_holds_output": "setsid yes & sleep 300",
+}
+
+
+@pytest.mark.skipif(NO_DOCKER is not None, reason=f"{NO_DOCKER}")
+def test_a_runaway_command_in_a_container_returns_and_is_killed() -> None:
+    backend = DockerBackend()
+
+    async def body():
+        sandbox = await backend.create(SandboxSpec(image=IMAGE))
+        try:
+            for name, command in RUNAWAY.items():
+                started = asyncio.get_running_loop().time()
+                result = await sandbox.exec(command, timeout_s=2, output_bytes=1 << 20)
+                elapsed = asyncio.get_running_loop().time() - started
+                # Generous for a busy machine; a hang would never return.
+                assert elapsed < 2 + 15, (name, elapsed)
+                assert result.timed_out and not result.ok, name
+                left = await sandbox.exec("ps -eo pid=,args= | grep -v -e 'ps -eo' -e grep")
+                pids = {line.split(None, 1)[0] for line in left.text.strip().splitlines()}
+                assert len(pids) <= 3, (name, left.text)  # pid 1, its sleep, this bash
+            assert (await sandbox.exec("echo alive")).text == "alive\n"
+        finally:
+            await sandbox.destroy()
+
+    asyncio.run(body())
+
+
+@pytest.mark.skipif(NO_DOCKER is not None, reason=f"{NO_DOCKER}")
+def test_escape_attempts_in_a_container_fail(monkeypatch: pytest.MonkeyPatch,
+                                             tmp_path) -> None:
+    monkeypatch.setenv("OWNER_SECRET", "hunter2-token")  # the owner's environment
+    secret = tmp_path / "host-secret.txt"
+    secret.write_text("host-only")
+    backend = DockerBackend()
+
+    async def body():
+        sandbox = await backend.create(SandboxSpec(image=IMAGE))
+        try:
+            return await sandbox.exec(
+                f"cat {secret} 2>&1; ls /var/run/docker.sock 2>&1; env; "
+                "cat /proc/1/environ | tr '\\0' '\\n'; "
+                "unshare -U true 2>&1 && echo NESTED-USERNS; "
+                "python -c 'import socket; socket.create_connection((\"10.0.0.1\", 80), 2)' "
+                "2>&1 | tail -1; "
+                "grep CapEff /proc/self/status; kill -9 -1; echo after-kill"), \
+                await sandbox.exec("echo alive")
+        finally:
+            await sandbox.destroy()
+
+    result, after = asyncio.run(body())
+    text = result.text
+    assert after.text == "alive\n"  # killing all it could left its own container up
+    assert "host-only" not in text and "No such file" in text
+    assert "hunter2-token" not in text and "OWNER_SECRET" not in text
+    assert "NESTED-USERNS" not in text
+    assert "Network is unreachable" in text
+    assert "CapEff:\t0000000000000000" in text  # every capability dropped
+    assert "after-kill" in text

@@ -9,8 +9,6 @@ import asyncio
 import json
 from pathlib import Path
 
-import pytest
-
 from producers.publish import load_tasks
 from rollstream.envs.base import Score
 from rollstream.envs.swe.env import SweEnv
@@ -18,11 +16,10 @@ from rollstream.envs.swe.gold import gold_script
 from rollstream.envs.swe.grading import grade
 from rollstream.envs.swe.instance import SweInstance
 from rollstream.sandbox import backends
-from tests.sandbox_helpers import needs_bwrap, sandbox_root
+from rollstream.sandbox.docker import IMAGE_ENV
+from tests.sandbox_helpers import backend, needs_bwrap, sandbox_root
 
-__all__ = ["sandbox_root"]
-
-pytestmark = needs_bwrap
+__all__ = ["backend", "sandbox_root"]
 
 SHIPPED = Path(__file__).resolve().parent.parent / "examples" / "swe" / "instances.jsonl"
 
@@ -66,8 +63,7 @@ def test_the_shipped_set_is_large_enough_and_well_formed() -> None:
         assert instance.fail_to_pass and instance.pass_to_pass and instance.base_commit
 
 
-def test_every_shipped_task_resolves_with_its_gold_patch_and_not_without(
-        sandbox_root: Path) -> None:
+def test_every_shipped_task_resolves_with_its_gold_patch_and_not_without(backend: str) -> None:
     instances = [SweInstance.from_task(t) for t in shipped()]
 
     async def all_of_them():
@@ -89,6 +85,7 @@ def test_every_shipped_task_resolves_with_its_gold_patch_and_not_without(
         assert score.verifier["failing"]["FAIL_TO_PASS"]
 
 
+@needs_bwrap
 def test_a_patch_that_does_not_apply_is_an_agent_failure(sandbox_root: Path) -> None:
     instance = SweInstance.from_task(shipped("romans")[0])
     bad = instance.gold_patch.replace("VALUES[ch]", "VALUES[c]")  # context that is not there
@@ -98,6 +95,7 @@ def test_a_patch_that_does_not_apply_is_an_agent_failure(sandbox_root: Path) -> 
     assert "patch --batch" in score.verifier["log"]  # every fallback was tried
 
 
+@needs_bwrap
 def test_gold_patch_replayed_through_the_tools_resolves(sandbox_root: Path) -> None:
     task = shipped("deepmerge")[0]
     score, observations, state = asyncio.run(play(task, gold_script(
@@ -107,6 +105,7 @@ def test_gold_patch_replayed_through_the_tools_resolves(sandbox_root: Path) -> N
     assert "has been edited" in observations[0]
 
 
+@needs_bwrap
 def test_scaffold_answers_every_kind_of_bad_call_and_keeps_going(sandbox_root: Path) -> None:
     task = shipped("wordwrap")[0]
     path = "/testbed/wordwrap.py"
@@ -166,6 +165,7 @@ def test_scaffold_answers_every_kind_of_bad_call_and_keeps_going(sandbox_root: P
     assert "+    if current:" in state["patch"]
 
 
+@needs_bwrap
 def test_an_episode_resumed_in_another_process_continues_its_workspace(
         sandbox_root: Path) -> None:
     task = shipped("semver")[0]
@@ -197,6 +197,7 @@ def test_an_episode_resumed_in_another_process_continues_its_workspace(
     assert (score.reward, score.failure_class) == (1.0, "ok"), score.verifier
 
 
+@needs_bwrap
 def test_no_submit_and_token_budget_are_scored_as_the_agents_doing(sandbox_root: Path) -> None:
     task = shipped("chunks")[0]
     score, _, _ = asyncio.run(play(task, [call("bash", command="true")]))
@@ -211,19 +212,23 @@ def test_no_submit_and_token_budget_are_scored_as_the_agents_doing(sandbox_root:
 
 def test_no_sandbox_is_an_infra_failure_without_a_reward(sandbox_root: Path,
                                                           monkeypatch) -> None:
-    if backends.unavailable("docker") is None:
-        pytest.skip("a Docker engine is reachable: cannot make sandboxes unavailable this way")
-    monkeypatch.setenv(backends.BACKEND_ENV, "docker")  # and there is no Docker engine
+    monkeypatch.setenv(backends.BACKEND_ENV, "docker")
+    if backends.unavailable("docker") is None:  # an engine, but an image it cannot start
+        monkeypatch.setenv(IMAGE_ENV, "rollstream/no-such-image:0")
+        reason = "cannot start a container"
+    else:
+        reason = "no sandbox backend"
     task = shipped("stack")[0]
     score, obs, state = asyncio.run(play(task, [call("submit")]))
     assert obs == [None] and state["failure"]["class"] == "infra"
     assert score.reward is None and score.failure_class == "infra"
-    assert "no sandbox backend" in score.verifier["reason"]
+    assert reason in score.verifier["reason"]
     instance = SweInstance.from_task(task)
     graded = asyncio.run(grade(instance, instance.gold_patch))
     assert (graded.reward, graded.failure_class) == (None, "infra")
 
 
+@needs_bwrap
 def test_a_snapshot_that_does_not_build_its_base_commit_is_an_env_failure(
         sandbox_root: Path) -> None:
     task = shipped("median")[0]

@@ -1,4 +1,5 @@
-"""`rollstream broker start|stop|status|fetch`: manage the bundled single-node Kafka broker."""
+"""`rollstream broker start|stop|status|fetch`: manage the bundled Kafka broker (one node, or a
+local cluster with `start --nodes 3`)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,13 @@ import sys
 import time
 from typing import Any
 
-from rollstream.broker import local
+from rollstream.broker import cluster, local
 
 
 def _start(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
+    if args.nodes > 1:
+        return _start_cluster(args, t0)
     try:
         bootstrap = local.start(timeout=args.timeout)
     except local.BrokerError as exc:
@@ -29,13 +32,31 @@ def _start(args: argparse.Namespace) -> int:
     return 0
 
 
+def _start_cluster(args: argparse.Namespace, t0: float) -> int:
+    try:
+        bootstrap = cluster.start(args.nodes, timeout=args.timeout)
+    except local.BrokerError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(bootstrap)
+    print(
+        f"Kafka {local.kafka_version()} cluster of {args.nodes} nodes running at {bootstrap} "
+        f"(ready after {time.monotonic() - t0:.1f} s); logs: {cluster.cluster_dir()}/node*/",
+        file=sys.stderr,
+    )
+    return 0
+
+
 def _stop(args: argparse.Namespace) -> int:
     try:
         stopped = local.stop(timeout=args.timeout)
+        nodes = cluster.stop(timeout=args.timeout)
     except local.BrokerError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     print("broker stopped" if stopped else "broker was not running")
+    if nodes:
+        print(f"cluster nodes {', '.join(map(str, nodes))} stopped")
     return 0
 
 
@@ -51,6 +72,11 @@ def _status(args: argparse.Namespace) -> int:
     print(f"kafka:     {version}")
     print(f"home:      {st['home']}")
     print(f"log:       {st['log']}")
+    cluster_state = cluster.state()
+    if cluster_state is not None:
+        up = cluster.running_nodes()
+        print(f"cluster:   {len(up)} of {len(cluster_state['nodes'])} nodes running at "
+              f"{cluster.bootstrap_of(cluster_state)}")
     return 0 if st["running"] else 3
 
 
@@ -69,7 +95,7 @@ def register_cli(sub: Any) -> None:
     """Add `broker` and its subcommands to the `rollstream` command's subparsers."""
     parser = sub.add_parser(
         "broker",
-        help="run the bundled single-node Kafka broker (no Docker needed)",
+        help="run the bundled Kafka broker, or a local 3-node cluster (no Docker needed)",
         description=(
             "The bundled Apache Kafka 4.x broker (KRaft, one node, 127.0.0.1 only), run from "
             "Maven Central jars with Java 17+. Its data, log and ports live under $ROLLSTREAM_HOME "
@@ -86,9 +112,17 @@ def register_cli(sub: Any) -> None:
         "until it answers. Prints host:port on stdout.",
     )
     p.add_argument("--timeout", type=float, default=90, help="seconds to wait for it (default 90)")
+    p.add_argument(
+        "--nodes", type=int, default=1,
+        help="1 (default): the single broker; 3: a local KRaft cluster of 3 broker+controller "
+        "nodes, replication factor 3, min.insync.replicas=2, transaction and offsets logs "
+        "replicated (for failover tests and benchmarks; create topics with "
+        "`rollstream topics create --replication-factor 3`); prints the bootstrap list",
+    )
     p.set_defaults(func=_start)
 
-    p = commands.add_parser("stop", help="stop the broker (SIGTERM, then SIGKILL)")
+    p = commands.add_parser(
+        "stop", help="stop the broker and the local cluster's nodes (SIGTERM, then SIGKILL)")
     p.add_argument("--timeout", type=float, default=30, help="seconds before SIGKILL (default 30)")
     p.set_defaults(func=_stop)
 

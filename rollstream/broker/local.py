@@ -308,7 +308,6 @@ def _write_config(state: dict[str, Any]) -> Path:
     ]
     path = _config_path()
     path.write_text("\n".join(lines) + "\n")
-    (kafka_dir() / "log4j2.properties").write_text(LOG4J2_PROPERTIES)
     return path
 
 
@@ -330,11 +329,18 @@ def _classpath() -> str:
 
 
 def _format_storage(state: dict[str, Any], config: Path) -> None:
-    if (_data_dir() / "meta.properties").is_file():
+    format_storage(_data_dir(), state["cluster_id"], config, standalone=True)
+
+
+def format_storage(data_dir: Path, cluster_id: str, config: Path, standalone: bool) -> None:
+    """Format a node's log dir for KRaft (`standalone`: a one-node quorum; else the voters
+    come from controller.quorum.voters in the config)."""
+    if (data_dir / "meta.properties").is_file():
         return  # formatting again is a no-op (--ignore-formatted) but costs a JVM start
     cmd = [
         _java(), "-Xmx256m", "-cp", _classpath(), "kafka.tools.StorageTool", "format",
-        "--standalone", "-t", state["cluster_id"], "-c", str(config), "--ignore-formatted",
+        *(["--standalone"] if standalone else []), f"--cluster-id={cluster_id}", "-c", str(config),
+        "--ignore-formatted",
     ]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     if proc.returncode != 0:
@@ -356,22 +362,27 @@ _children: dict[int, subprocess.Popen[bytes]] = {}
 
 
 def _launch(state: dict[str, Any], config: Path) -> int:
-    log = log_path()
+    return launch(config, kafka_dir(), log_path(), _pid_path())
+
+
+def launch(config: Path, workdir: Path, log: Path, pid_file: Path) -> int:
+    """Run a broker JVM detached with `config`; its output goes to `log`, its pid to pid_file."""
     if log.exists():
         log.replace(log.with_name(log.name + ".1"))  # keep the previous run's log for post-mortems
+    (workdir / "log4j2.properties").write_text(LOG4J2_PROPERTIES)
     heap = os.environ.get(HEAP_ENV, "512m")
     cmd = [
         _java(), f"-Xmx{heap}", "-Xms128m", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
         "-XX:+ExitOnOutOfMemoryError", "-Djava.awt.headless=true",
-        f"-Dlog4j2.configurationFile={kafka_dir() / 'log4j2.properties'}",
-        f"-Dkafka.logs.dir={kafka_dir() / 'logs'}",
+        f"-Dlog4j2.configurationFile={workdir / 'log4j2.properties'}",
+        f"-Dkafka.logs.dir={workdir / 'logs'}",
         "-cp", _classpath(), "kafka.Kafka", str(config),
     ]  # fmt: skip
     with open(log, "ab") as out:
         # A new session: the broker survives the command that started it and its Ctrl-C.
         proc = subprocess.Popen(
             cmd,
-            cwd=kafka_dir(),
+            cwd=workdir,
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -379,7 +390,7 @@ def _launch(state: dict[str, Any], config: Path) -> int:
             close_fds=True,
         )
     _children[proc.pid] = proc
-    _pid_path().write_text(f"{proc.pid}\n")
+    pid_file.write_text(f"{proc.pid}\n")
     return proc.pid
 
 
@@ -464,6 +475,13 @@ def start(timeout: float = 90) -> str:
 
 
 def _stop_pid(pid: int, timeout: float) -> None:
+    terminate(pid, timeout)
+    if _read_pid() == pid:
+        _pid_path().unlink(missing_ok=True)
+
+
+def terminate(pid: int, timeout: float) -> None:
+    """SIGTERM a broker, then SIGKILL it if it is still alive after timeout."""
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGTERM)  # the broker shuts down cleanly (flushes, closes the log)
     deadline = time.monotonic() + timeout
@@ -476,8 +494,6 @@ def _stop_pid(pid: int, timeout: float) -> None:
         while _alive(pid) and time.monotonic() < deadline:
             time.sleep(0.1)
     _children.pop(pid, None)
-    if _read_pid() == pid:
-        _pid_path().unlink(missing_ok=True)
 
 
 def stop(timeout: float = 30) -> bool:

@@ -148,12 +148,12 @@ class HarnessEnv(SweEnv):
         limit = SweInstance.from_task(swe_task(task)).scaffold.command_timeout_s
         return await sandbox.exec(command, timeout_s=min(timeout_s or limit, spec.max_command_s))
 
-    async def finish(self, task: dict, state: dict, exit: HarnessExit) -> None:
+    async def finish(self, task: dict, state: dict, outcome: HarnessExit) -> None:
         """Record how the harness ended and the workspace's diff (the episode's answer)."""
-        state["harness"] = {"returncode": exit.returncode, "reason": exit.reason,
-                            "output_tail": exit.output_tail}
-        state["submitted"] = exit.returncode == 0
-        state["exit"] = exit.reason
+        state["harness"] = {"returncode": outcome.returncode, "reason": outcome.reason,
+                            "output_tail": outcome.output_tail}
+        state["submitted"] = outcome.returncode == 0
+        state["exit"] = outcome.reason
         sandbox = self._live.get(state.get("sandbox") or "")
         if sandbox is None or state.get("failure") is not None:
             return

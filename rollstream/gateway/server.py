@@ -40,7 +40,7 @@ from rollstream.gateway.messages import BadChatRequest, PromptBuilder, assistant
 from rollstream.inference import ContextOverflow, InferenceError
 from rollstream.runtime import EventContext
 from rollstream.sandbox import SandboxError
-from stages.run import InferenceUnavailable
+from stages.run import InferenceUnavailable, TextMismatch
 
 if TYPE_CHECKING:
     from rollstream.envs.harness import HarnessEnv
@@ -168,25 +168,25 @@ class Gateway:
         try:
             if state.get("failure") is None:
                 endpoints = HarnessEndpoints(self.base_url, episode.key, EXEC_PATH)
-                exit = await env.run_harness(task, endpoints, episode.ended)
+                outcome = await env.run_harness(task, endpoints, episode.ended)
             else:
-                exit = HarnessExit(None, "no workspace", "")
+                outcome = HarnessExit(None, "no workspace", "")
             stopped = episode.ended.is_set()
             episode.ended.set()  # refuse calls from here on
             async with episode.lock:  # and let one in flight finish its record
-                await env.finish(task, state, exit)
+                await env.finish(task, state, outcome)
         finally:
             self.close_episode(episode)
         if not stopped:
-            if exit.returncode == 0:
+            if outcome.returncode == 0:
                 trajectory["termination"] = "DONE"
-            elif exit.returncode is not None:  # the harness crashed: the agent's failure
+            elif outcome.returncode is not None:  # the harness crashed: the agent's failure
                 trajectory["termination"] = "AGENT_ERROR"
             else:
                 trajectory["termination"] = "TRUNCATED"
-            trajectory["termination_detail"] = exit.reason
-            if exit.returncode:
-                trajectory["termination_detail"] += "\n" + exit.output_tail
+            trajectory["termination_detail"] = outcome.reason
+            if outcome.returncode:
+                trajectory["termination_detail"] += "\n" + outcome.output_tail
         trajectory["env_state"] = json.dumps(state)
 
     # -- requests ----------------------------------------------------------------------------
@@ -266,7 +266,7 @@ class Gateway:
             episode.end("INFRA_ERROR", str(exc))
             raise CallRefused(502, f"inference failed: {exc}", "inference_failed",
                               "server_error") from exc
-        except InferenceUnavailable as exc:  # RUN's retry budget is spent
+        except (InferenceUnavailable, TextMismatch) as exc:  # retries spent; a broken proxy
             episode.end("INFRA_ERROR", str(exc))
             raise CallRefused(503, str(exc), "inference_unavailable", "server_error") from exc
         message, recorded = assistant_message(completion.text, len(turns))

@@ -36,13 +36,14 @@ class SandboxError(RuntimeError):
 
 @dataclass(frozen=True)
 class Limits:
-    """Resource limits of one sandbox. Memory and file size are per process under bwrap
-    (rlimits) and for the whole container under docker (cgroup)."""
+    """Resource limits of one sandbox; the README's table says which hold for the whole
+    sandbox and which per process, under each backend."""
 
     memory_mb: int = 2048
     max_processes: int = 256
     cpus: float = 1.0  # docker only: bwrap has no CPU share, its commands are bounded by time
     file_size_mb: int = 512
+    disk_mb: int = 1024  # bwrap as root: the sandbox's files (workspace, /tmp) together
     open_files: int = 1024
     output_bytes: int = 1 << 20  # per command, head + tail
     timeout_s: float = 30.0  # per command, unless the call says otherwise
@@ -197,10 +198,17 @@ class Backend(ABC):
         """Kill and delete one sandbox, whoever owns it."""
 
     def reap(self, older_than_s: float | None = None, everything: bool = False) -> list[Lease]:
-        """Remove sandboxes whose owner died (or older than the bound, or all); returns them."""
+        """Remove sandboxes whose owner died (or older than the bound, or all); returns those
+        removed (one that cannot be is logged and left for the next sweep)."""
         reaped = [lease for lease in self.leases()
                   if everything or lease.abandoned(older_than_s)]
+        removed = []
         for lease in reaped:
             log.info("removing %s sandbox %s (owner %s)", self.name, lease.id, lease.owner)
-            self.remove(lease.id)
-        return reaped
+            try:
+                self.remove(lease.id)
+            except SandboxError as exc:  # one broken sandbox must not stop the others
+                log.warning("could not remove %s sandbox %s: %s", self.name, lease.id, exc)
+                continue
+            removed.append(lease)
+        return removed

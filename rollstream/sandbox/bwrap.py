@@ -22,14 +22,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import shutil
+import subprocess
 import sys
 import time
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
 
+from rollstream.sandbox import cgroups, seccomp
 from rollstream.sandbox.base import (
     Backend,
     Sandbox,
@@ -40,10 +43,13 @@ from rollstream.sandbox.base import (
 from rollstream.sandbox.capture import HeadTail
 from rollstream.sandbox.leases import Lease, Owner, UidPool, read_lease, sandbox_root, write_lease
 
+log = logging.getLogger(__name__)
+
 MARKER = "ROLLSTREAM_SANDBOX_DIR"  # set in every sandboxed process: finds leftovers
 UIDS_ENV = "ROLLSTREAM_SANDBOX_UIDS"  # "FIRST-LAST": uids for sandboxes of a root owner
 DEFAULT_UIDS = (1_000_000, 1_065_535)
 REAP_INTERVAL_S = 30.0
+KILL_GRACE_S = 10.0  # from killing bwrap to its output pipe closing
 # Read-only system files a shell, git and Python need; secrets (shadow) are not among them.
 ETC_FILES = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "localtime",
              "passwd", "group", "nsswitch.conf", "gitconfig", "mime.types")
@@ -56,6 +62,8 @@ def python_paths() -> list[str]:
     found: list[str] = []
     for path in (sys.prefix, sys.base_prefix, str(Path(sys.executable).resolve().parent.parent)):
         path = os.path.realpath(path)
+        if not os.access(path, os.R_OK | os.X_OK):
+            continue  # out of this owner's reach (e.g. under /root): bwrap could not bind it
         if not any(path == p or path.startswith(p + "/") for p in ("/usr", *found)):
             found.append(path)
     return found
@@ -94,9 +102,12 @@ def _mount_args(workspace: Path, tmp: Path, workdir: str) -> list[str]:
     return args
 
 
-def _env_args(directory: Path) -> list[str]:
+def sandbox_env(directory: Path) -> dict[str, str]:
+    """The whole environment of a sandbox, bwrap's own pid 1 included: nothing is inherited
+    from the owner (its tokens would be readable in /proc/1/environ and end up in trajectories).
+    """
     bin_dir = str(Path(sys.prefix) / "bin")
-    env = {
+    return {
         "PATH": f"{bin_dir}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
         "HOME": "/tmp",
         "TMPDIR": "/tmp",
@@ -108,10 +119,6 @@ def _env_args(directory: Path) -> list[str]:
         "PYTHONUNBUFFERED": "1",
         MARKER: str(directory),
     }
-    args = ["--clearenv"]
-    for key, value in env.items():
-        args += ["--setenv", key, value]
-    return args
 
 
 def _uid_range() -> tuple[int, int]:
@@ -136,94 +143,129 @@ def available() -> str | None:
 
 
 def sandbox_processes() -> dict[int, str]:
-    """Live processes of any bwrap sandbox on this host: pid -> the sandbox's directory (from
-    the marker in their environment, or in bwrap's own command line)."""
+    """Live processes of any bwrap sandbox on this host, bwrap's own included: pid -> the
+    sandbox's directory (from the marker in their environment)."""
     found: dict[int, str] = {}
-    needle = MARKER.encode()
+    needle = MARKER.encode() + b"="
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
-        for name in ("environ", "cmdline"):
-            try:
-                data = Path(entry.path, name).read_bytes()
-            except OSError:
-                continue
-            fields = data.split(b"\0")
-            for i, value in enumerate(fields):
-                if value.startswith(needle + b"="):
-                    found[int(entry.name)] = value[len(needle) + 1:].decode(errors="replace")
-                elif value == needle and i + 1 < len(fields):  # bwrap's --setenv NAME VALUE
-                    found[int(entry.name)] = fields[i + 1].decode(errors="replace")
-            if int(entry.name) in found:
+        try:
+            data = Path(entry.path, "environ").read_bytes()
+        except OSError:
+            continue
+        for value in data.split(b"\0"):
+            if value.startswith(needle):
+                found[int(entry.name)] = value[len(needle):].decode(errors="replace")
                 break
     return found
+
+
+def _memfd(data: bytes) -> int:
+    """An inheritable file descriptor reading `data` from its start."""
+    fd = os.memfd_create("bwrap-args", 0)
+    os.write(fd, data)
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
 
 
 class BwrapSandbox(Sandbox):
     backend = "bwrap"
 
     def __init__(self, sandbox_id: str, spec: SandboxSpec, directory: Path,
-                 uid: int | None, on_destroy: BwrapBackend) -> None:
+                 uid: int | None, on_destroy: BwrapBackend,
+                 group: cgroups.SandboxCgroup | None = None) -> None:
         super().__init__(sandbox_id, spec)
+        self.group = group
         self.directory = directory
         self.uid = uid
         self._backend = on_destroy
-        self._prefix = self._command_prefix()
+        self._env = sandbox_env(directory)
+        self._options = self._bwrap_options()
+        self._command = self._limits_command()
 
-    def _command_prefix(self) -> list[str]:
-        limits = self.spec.limits
-        argv = ["bwrap", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
+    def _bwrap_options(self) -> list[str]:
+        argv = ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
                 "--unshare-cgroup-try", "--die-with-parent", "--new-session",
                 "--hostname", "sandbox"]
         if self.uid is None:
             argv += ["--unshare-user", "--disable-userns"]
         argv += _mount_args(self.directory / "workspace", self.directory / "tmp",
                             self.spec.workdir)
-        argv += _env_args(self.directory)
-        argv += ["--json-status-fd", "{status_fd}", "--chdir", "{cwd}", "--"]
+        return argv + ["--json-status-fd", "{status_fd}", "--chdir", "{cwd}"]
+
+    def _limits_command(self) -> list[str]:
+        """The per-process limits, and as root the drop to the sandbox's own uid."""
+        limits = self.spec.limits
+        argv = []
         if self.uid is not None:
             argv += ["setpriv", f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups",
                      "--no-new-privs", "--"]
         mb = 1 << 20
-        argv += ["prlimit", f"--as={limits.memory_mb * mb}", f"--nproc={limits.max_processes}",
-                 f"--fsize={limits.file_size_mb * mb}", f"--nofile={limits.open_files}",
-                 "--core=0", "--"]
-        return argv
+        return argv + ["prlimit", f"--as={limits.memory_mb * mb}",
+                       f"--nproc={limits.max_processes}", f"--fsize={limits.file_size_mb * mb}",
+                       f"--nofile={limits.open_files}", "--core=0", "--"]
 
     async def _run(self, argv: list[str], timeout_s: float, stdin: bytes | None,
                    capture: HeadTail, cwd: str) -> tuple[int, bool]:
         if not self.directory.is_dir():
             raise SandboxError(f"sandbox {self.id}: its directory {self.directory} is gone")
         status_r, status_w = os.pipe()
-        argv = [a.replace("{status_fd}", str(status_w)).replace("{cwd}", cwd)
-                for a in self._prefix] + argv
+        options = [a.replace("{status_fd}", str(status_w)).replace("{cwd}", cwd)
+                   for a in self._options]
+        # The options (host paths among them) go through a file descriptor, so the sandbox's
+        # pid 1, which is bwrap, shows no host path in /proc/1/cmdline.
+        filter_fd = seccomp.filter_fd()
+        if filter_fd is not None:
+            options += ["--seccomp", str(filter_fd)]
+        args_fd = _memfd(b"\0".join(a.encode() for a in options) + b"\0")
+        fds = (status_w, args_fd) if filter_fd is None else (status_w, args_fd, filter_fd)
         try:
             proc = await asyncio.create_subprocess_exec(
-                *argv, stdin=asyncio.subprocess.PIPE if stdin is not None else
+                *(self.group.join_prefix() if self.group else ()),
+                "bwrap", "--args", str(args_fd), "--", *self._command, *argv,
+                stdin=asyncio.subprocess.PIPE if stdin is not None else
                 asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT, pass_fds=(status_w,))
+                stderr=asyncio.subprocess.STDOUT, pass_fds=fds,
+                env=self._env)
         except OSError as exc:
             os.close(status_r)
             raise SandboxError(f"cannot start bwrap: {exc}") from exc
         finally:
-            os.close(status_w)
+            for fd in fds:
+                os.close(fd)
+        reader = asyncio.ensure_future(self._communicate(proc, stdin, capture))
         timed_out = False
         try:
-            await asyncio.wait_for(self._communicate(proc, stdin, capture), timeout_s)
+            # shield: on timeout the reader keeps draining, or the killed command's last
+            # writes would fill the pipe and its end would never be seen.
+            await asyncio.wait_for(asyncio.shield(reader), timeout_s)
         except TimeoutError:
             timed_out = True
         finally:
-            if proc.returncode is None:
-                # Killing bwrap kills its pid 1 (--die-with-parent), which takes the namespace.
-                with contextlib.suppress(ProcessLookupError):
-                    proc.kill()
-                await proc.wait()
+            await self._end(proc, reader)
             status = await asyncio.to_thread(_read_all, status_r)
         if not timed_out and b'"child-pid"' not in status:
             raise SandboxError(f"sandbox {self.id} failed to start: "
                                f"{capture.value().decode(errors='replace').strip()}")
         code = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
         return _exit_code(status, code), timed_out
+
+    async def _end(self, proc: asyncio.subprocess.Process, reader: asyncio.Future) -> None:
+        """Kill what still runs and wait, boundedly, for the output pipe to close."""
+        if proc.returncode is None:
+            # Killing bwrap kills its pid 1 (--die-with-parent), and with it the namespace.
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+        try:
+            await asyncio.wait_for(reader, KILL_GRACE_S)
+        except TimeoutError:
+            # Nothing in the namespace survives bwrap, so this is the kernel or bwrap wedged.
+            transport = getattr(proc, "_transport", None)
+            if transport is not None:
+                transport.close()
+            raise SandboxError(f"sandbox {self.id}: its command's output was still open "
+                               f"{KILL_GRACE_S:.0f} s after it was killed") from None
 
     @staticmethod
     async def _communicate(proc: asyncio.subprocess.Process, stdin: bytes | None,
@@ -248,7 +290,11 @@ class BwrapSandbox(Sandbox):
     async def destroy(self) -> None:
         if not self.closed:
             self.closed = True
-            await asyncio.to_thread(self._backend.remove, self.id)
+            try:
+                await asyncio.to_thread(self._backend.remove, self.id)
+            except SandboxError as exc:
+                # The episode is over either way; its lease stays for `sandbox sweep`.
+                log.warning("%s", exc)
 
 
 def _read_all(fd: int) -> bytes:
@@ -269,6 +315,40 @@ def _exit_code(status: bytes, fallback: int) -> int:
             if "exit-code" in doc:
                 return int(doc["exit-code"])
     return fallback
+
+
+_disk_warned = False
+
+
+def _mount_disk(directory: Path, disk_mb: int) -> None:
+    """A size-capped tmpfs holding everything the sandbox can write (its workspace and /tmp):
+    the disk quota. Its pages count in the sandbox's memory group, as its processes write them.
+    Where mounting is not allowed, one warning: the sandbox then has no disk quota."""
+    global _disk_warned
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={disk_mb}m,mode=0711,nosuid,nodev",
+                           "rollstream-sandbox", str(directory)], capture_output=True)
+    if done.returncode != 0 and not _disk_warned:
+        _disk_warned = True
+        log.warning("cannot mount a tmpfs for sandbox files (%s): no disk quota per sandbox",
+                    done.stderr.decode(errors="replace").strip())
+
+
+def delete_tree(path: Path) -> None:
+    """Delete a sandbox's directory whatever its command left there: trees too deep for
+    Python's recursive rmtree, directories made unreadable (chmod 000), millions of files.
+    coreutils walk a tree iteratively. Raises SandboxError when something stays."""
+    if not os.path.lexists(path):
+        return
+    if os.path.ismount(path):  # a sandbox's disk: its whole tree goes with the mount
+        subprocess.run(["umount", "--lazy", str(path)], capture_output=True, check=False)
+    if os.geteuid() != 0:  # root passes permission bits; the owner must first restore its own
+        subprocess.run(["chmod", "-R", "u+rwx", "--", str(path)], capture_output=True,
+                       check=False)
+    done = subprocess.run(["rm", "-rf", "--one-file-system", "--", str(path)],
+                          capture_output=True, check=False)
+    if os.path.lexists(path):
+        reason = done.stderr.decode(errors="replace").strip().splitlines()[-3:]
+        raise SandboxError(f"cannot delete {path}: {' / '.join(reason) or 'it is still there'}")
 
 
 class BwrapBackend(Backend):
@@ -305,6 +385,8 @@ class BwrapBackend(Backend):
         lease = Lease(sandbox_id, self.name, Owner.current().label(), labels=dict(spec.labels))
         try:
             directory.mkdir(mode=0o711)
+            if self.as_root:
+                _mount_disk(directory, spec.limits.disk_mb)
             (directory / "workspace").mkdir()
             (directory / "tmp").mkdir()
             write_lease(directory, lease)  # before the uid: a claim always has its lease
@@ -313,10 +395,14 @@ class BwrapBackend(Backend):
                 write_lease(directory, lease)
                 for sub in ("workspace", "tmp"):
                     os.chown(directory / sub, lease.uid, lease.uid)
+            group = cgroups.create(sandbox_id, spec.limits.memory_mb, spec.limits.max_processes)
+            if group is not None:
+                lease.cgroups = [str(g) for g in group.groups]
+                write_lease(directory, lease)
         except (OSError, RuntimeError) as exc:
             self.remove(sandbox_id)
             raise SandboxError(f"cannot create sandbox under {self.root}: {exc}") from exc
-        return BwrapSandbox(sandbox_id, spec, directory, lease.uid, self)
+        return BwrapSandbox(sandbox_id, spec, directory, lease.uid, self, group)
 
     def leases(self) -> list[Lease]:
         found = []
@@ -335,7 +421,9 @@ class BwrapBackend(Backend):
             if owner == str(directory):
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, 9)
-        shutil.rmtree(directory, ignore_errors=True)
+        if lease is not None and lease.cgroups:
+            cgroups.SandboxCgroup([Path(g) for g in lease.cgroups]).kill_and_remove()
+        delete_tree(directory)
         if lease is not None and lease.uid is not None:
             self.uids.release(lease.uid)
 

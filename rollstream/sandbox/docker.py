@@ -1,12 +1,14 @@
 """Docker sandboxes: one container per episode from the task's image (SWE-bench style images
 hold the repository at /testbed), removed when the episode is done.
 
-The container runs `sleep infinity` under an init, with no network, capped memory (swap
-included), CPU and pids, every capability dropped and no-new-privileges. `docker exec` has no
-timeout, so each command runs under `timeout -s KILL`, which kills the command's whole process
-group; a host-side deadline on top catches a wedged engine (then the sandbox is an infra
-failure). Output is streamed and capped as for bwrap. Labels record the owner (see leases.py)
-so `rollstream sandbox sweep` can remove containers left by a process that died.
+The container's pid 1 is a bash loop (KEEPER) that the agent cannot kill from inside, with no
+network, capped memory (swap included), CPU and pids, every capability dropped and
+no-new-privileges. `docker exec` has no timeout, so each command runs under `timeout -s KILL`
+(its process group); past the deadline every process but pid 1 is killed, which also ends
+what left the group (setsid, daemons) while holding the output open; a host-side deadline on
+top catches a wedged engine (then the sandbox is an infra failure). Output is streamed and
+capped as for bwrap. Labels record the owner (see leases.py) so `rollstream sandbox sweep` can
+remove containers left by a process that died.
 """
 
 from __future__ import annotations
@@ -15,9 +17,10 @@ import asyncio
 import contextlib
 import math
 import os
+import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from rollstream.sandbox.base import (
@@ -32,12 +35,16 @@ from rollstream.sandbox.leases import Lease, Owner
 
 IMAGE_ENV = "ROLLSTREAM_SANDBOX_IMAGE"
 # For tasks without an image of their own (the shipped snapshots): needs bash, git and pytest.
-DEFAULT_IMAGE = "python:3.11"
+DEFAULT_IMAGE = "rollstream/base:bookworm"  # built by `make deps` from Debian packages
 LABEL = "rollstream.sandbox"
 OWNER_LABEL = "rollstream.owner"
 CREATED_LABEL = "rollstream.created"
 LABEL_PREFIX = "rollstream.label."
-ENGINE_GRACE_S = 30.0  # past the command's own timeout: the engine itself is stuck
+KILL_GRACE_S = 5.0  # past the timeout: `timeout` killed the command, its output is not closed
+# The container's pid 1: the kernel ignores signals sent to it from inside, so `kill -9 -1`
+# (the agent's, or ours after a timeout) leaves the container up; bash reaps orphans.
+KEEPER = ["bash", "-c", "trap 'exit 0' TERM; while :; do sleep 3600 & wait $!; done"]
+ENGINE_GRACE_S = 30.0  # after killing everything: the engine itself is stuck
 
 
 def _errors() -> tuple[type[BaseException], ...]:
@@ -57,6 +64,34 @@ def available() -> str | None:
     return None
 
 
+def _in_own_thread(fn: Callable[..., int], *args: Any) -> asyncio.Future[int]:
+    """`fn(*args)` run at once in a new thread; its result as a future of the running loop."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[int] = loop.create_future()
+
+    def settle(result: int | None, error: BaseException | None) -> None:
+        if future.done():
+            return
+        if error is None:
+            future.set_result(result)  # type: ignore[arg-type]
+        else:
+            future.set_exception(error)
+
+    def target() -> None:
+        result: int | None = None
+        try:
+            result = fn(*args)
+        except BaseException as exc:  # handed to the awaiting task
+            result, error = None, exc
+        else:
+            error = None
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
+            loop.call_soon_threadsafe(settle, result, error)
+
+    threading.Thread(target=target, daemon=True, name="docker-exec").start()
+    return future
+
+
 class DockerSandbox(Sandbox):
     backend = "docker"
 
@@ -74,18 +109,38 @@ class DockerSandbox(Sandbox):
                     "stdin", stdin_path, *argv]
         argv = ["timeout", "-s", "KILL", str(math.ceil(timeout_s)), *argv]
         started = time.perf_counter()
+        # A thread of its own: in a shared pool, waiting for a free thread would count
+        # against the command's deadline.
+        command = _in_own_thread(self._exec_blocking, argv, cwd, capture)
         try:
-            code = await asyncio.wait_for(
-                asyncio.to_thread(self._exec_blocking, argv, cwd, capture),
-                timeout_s + ENGINE_GRACE_S)
+            try:
+                code = await asyncio.wait_for(asyncio.shield(command), timeout_s + KILL_GRACE_S)
+            except TimeoutError:
+                # `timeout` killed the command's process group, but a process it moved out of
+                # the group (setsid, a daemon) still holds the output open: kill everything.
+                await asyncio.to_thread(self._kill_all)
+                code = await asyncio.wait_for(command, ENGINE_GRACE_S)
+                return code, True
         except TimeoutError:
             await self.destroy()
             raise SandboxError(f"sandbox {self.id}: the engine did not end a command "
                                f"{ENGINE_GRACE_S:.0f} s after its timeout") from None
         except _errors() as exc:
             raise SandboxError(f"sandbox {self.id}: {type(exc).__name__}: {exc}") from exc
+        timed_out = code == 137 and time.perf_counter() - started >= timeout_s - 0.05
+        if timed_out:
+            # What the command left behind (it may be printing still) goes with it.
+            await asyncio.to_thread(self._kill_all)
         # 137 is also an OOM kill; only a kill at the deadline is a timeout.
-        return code, code == 137 and time.perf_counter() - started >= timeout_s - 0.05
+        return code, timed_out
+
+    def _kill_all(self) -> None:
+        """SIGKILL every process in the container but its pid 1 (KEEPER), which the kernel
+        shields from signals sent inside the container."""
+        try:
+            self.container.exec_run(["kill", "-9", "-1"])
+        except _errors() as exc:
+            raise SandboxError(f"sandbox {self.id}: cannot kill its processes: {exc}") from exc
 
     def _exec_blocking(self, argv: list[str], cwd: str, capture: HeadTail) -> int:
         api = self.client.api
@@ -141,7 +196,7 @@ class DockerBackend(Backend):
         file_size = limits.file_size_mb << 20
         try:
             container = self.client.containers.run(
-                image, ["sleep", "infinity"], detach=True, init=True, labels=labels,
+                image, KEEPER, detach=True, labels=labels,
                 network_disabled=True, network_mode="none",
                 mem_limit=f"{limits.memory_mb}m", memswap_limit=f"{limits.memory_mb}m",
                 nano_cpus=int(limits.cpus * 1e9), pids_limit=limits.max_processes,
@@ -175,7 +230,11 @@ class DockerBackend(Backend):
             container.remove(force=True)
 
     def remove(self, sandbox_id: str) -> None:
-        for container in self.client.containers.list(
-                all=True, filters={"label": f"{LABEL}={sandbox_id}"}):
-            self.remove_container(container)
+        try:
+            for container in self.client.containers.list(
+                    all=True, filters={"label": f"{LABEL}={sandbox_id}"}):
+                self.remove_container(container)
+        except _errors() as exc:  # a sweep logs it and goes on with the others
+            raise SandboxError(f"cannot remove container of sandbox {sandbox_id}: {exc}") \
+                from exc
 

@@ -67,6 +67,7 @@ class Lease:
     created_at: float = field(default_factory=time.time)
     labels: dict[str, str] = field(default_factory=dict)
     uid: int | None = None  # bwrap as root: the uid the sandbox runs as
+    cgroups: list[str] = field(default_factory=list)  # bwrap: its control groups
 
     def owner_alive(self) -> bool | None:
         try:

@@ -77,7 +77,12 @@ class SweEnv(Environment):
             if sandbox is None:
                 return StepResult(None, True, recorded, state)
             observation = await self._run(sandbox, instance, state, calls)
-            state["patch"] = await workspace.diff(sandbox, state["base"], config.max_patch_bytes)
+            try:
+                state["patch"] = await workspace.diff(sandbox, state["base"],
+                                                      config.max_patch_bytes)
+            except WorkspaceError as exc:
+                # The repository was built at reset; only the agent's commands broke it since.
+                state["exit"] = f"broken repository: {exc}"
         except SandboxError as exc:
             self._fail(state, "infra", f"sandbox: {exc}")
         except WorkspaceError as exc:

@@ -1,10 +1,18 @@
 """EVAL for SWE tasks: apply the agent's patch in a fresh sandbox and run the task's tests.
 
 Steps (SWE-bench's harness, in a sandbox of any backend): build the repository; apply the model
-patch (git apply, then --3way, then patch --fuzz); put the test files back to the base commit
-and apply the test patch; run the test command on the test directives; parse the log. Resolved
-means every FAIL_TO_PASS and every PASS_TO_PASS test passes (or, for tasks that give expected
-statuses, every listed test has its expected status).
+patch (git apply, then --3way, then patch --fuzz); put back, as at the base commit, what the
+patch may not touch (`protected_files`: the test patch's files, every conftest.py, pytest.ini,
+tox.ini, setup.cfg, pyproject.toml; a patch touching .git is refused), then apply the test
+patch; run the test command on the test directives. pytest runs write a JUnit report outside
+the workspace and statuses come from it (junit.py), so lines the code under test prints cannot
+pass as results; other runners' logs go through their log parser. Resolved means every
+FAIL_TO_PASS and every PASS_TO_PASS test passes (or, for tasks that give expected statuses,
+every listed test has its expected status).
+
+What is still in reach: the agent's own source runs inside the test process, so it could
+rewrite pytest's internals at import time; the restored files and the report close the easy
+ways (a conftest hook, printed lines), not that one.
 
 Outcomes: resolved → reward 1, "ok"; tests ran but not resolved → 0, "ok"; empty patch or a
 patch that does not apply → 0, "agent"; the task's own setup or test patch fails → "env";
@@ -13,16 +21,23 @@ the sandbox fails → "infra" (neither with a reward).
 
 from __future__ import annotations
 
+import posixpath
 import shlex
+import uuid
+from pathlib import PurePosixPath
 
 from rollstream.envs.base import Score, agent_failure
 from rollstream.envs.swe import workspace
 from rollstream.envs.swe.instance import SweInstance, patch_files
+from rollstream.envs.swe.junit import JUNIT_OPTIONS, parse_junit
 from rollstream.envs.swe.log_parsers import PASSING, get_parser
 from rollstream.envs.swe.workspace import WorkspaceError
 from rollstream.sandbox import SandboxError, SandboxSpec, create_sandbox
 
 LOG_BYTES = 4 << 20  # test logs: the summary is at the end, so the tail is kept
+REPORT_BYTES = 16 << 20
+PROTECTED_NAMES = frozenset({"conftest.py", "pytest.ini", "tox.ini", "setup.cfg",
+                             "pyproject.toml"})
 
 
 def resolution(instance: SweInstance, statuses: dict[str, str]) -> dict[str, list[str]]:
@@ -57,30 +72,56 @@ async def grade(instance: SweInstance, patch: str) -> Score:
         await sandbox.destroy()
 
 
+def protected_files(instance: SweInstance, patch: str) -> list[str]:
+    """Files put back as at the base commit before the tests run, whatever the patch did to
+    them: the test patch's files, and test configuration that could change how results are
+    reported (conftest.py anywhere, pytest.ini, tox.ini, setup.cfg, pyproject.toml)."""
+    touched = [p for p in patch_files(patch) if posixpath.basename(p) in PROTECTED_NAMES]
+    return list(dict.fromkeys([*patch_files(instance.test_patch), *touched]))
+
+
+def _uses_junit(instance: SweInstance) -> bool:
+    return instance.log_parser == "pytest" and "pytest" in instance.test_cmd
+
+
 async def _grade_in(sandbox, instance: SweInstance, patch: str) -> Score:
+    if any(".git" in PurePosixPath(p).parts for p in patch_files(patch)):
+        return agent_failure("the patch touches .git")
     base = await workspace.prepare(sandbox, instance)
     applied = await workspace.apply_patch(sandbox, patch, base, "model")
     if not applied.applied:
         return agent_failure("patch does not apply", log=applied.log[-4000:])
-    tests = patch_files(instance.test_patch)
-    if tests:
-        # The agent may have edited the test files; the test patch expects them as at base.
-        quoted = " ".join(shlex.quote(t) for t in tests)
-        await sandbox.exec(f"for f in {quoted}; do git cat-file -e {base}:\"$f\" 2>/dev/null "
-                           f"&& git checkout -q {base} -- \"$f\"; done; true")
+    restore = protected_files(instance, patch)
+    if restore:
+        quoted = " ".join(shlex.quote(t) for t in restore)
+        await sandbox.exec(f"for f in {quoted}; do if git cat-file -e {base}:\"$f\" 2>/dev/null; "
+                           f"then git checkout -q {base} -- \"$f\"; else rm -f -- \"$f\"; fi; "
+                           "done; true")
+    if instance.test_patch:
         test_apply = await sandbox.exec(["git", "apply", "--verbose", "-"],
                                         stdin=instance.test_patch.encode())
         if not test_apply.ok:
             raise WorkspaceError(f"the test patch does not apply: {test_apply.text.strip()}")
     directives = " ".join(shlex.quote(d) for d in instance.directives)
-    run = await sandbox.exec(f"{instance.test_cmd} {directives}",
-                             timeout_s=instance.eval_timeout_s, output_bytes=LOG_BYTES)
-    statuses = get_parser(instance.log_parser)(run.text)
+    command = f"{instance.test_cmd} {directives}"
+    report = f"/tmp/.rollstream-report-{uuid.uuid4().hex}.xml"
+    if _uses_junit(instance):
+        command = f"{instance.test_cmd} {JUNIT_OPTIONS.format(path=report)} {directives}"
+    run = await sandbox.exec(command, timeout_s=instance.eval_timeout_s, output_bytes=LOG_BYTES)
+    source = "log"
+    if _uses_junit(instance):
+        source = "junit"
+        try:
+            statuses = parse_junit(await sandbox.read_file(report, REPORT_BYTES))
+        except (OSError, ValueError):  # no report (the run was killed, or broke pytest): none ran
+            statuses = {}
+    else:
+        statuses = get_parser(instance.log_parser)(run.text)
     failing = resolution(instance, statuses)
     resolved = not any(failing.values())
     verifier = {"resolved": resolved, "apply": applied.command, "failing": failing,
                 "tests_run": len(statuses), "exit_code": run.exit_code,
-                "timed_out": run.timed_out}
+                "timed_out": run.timed_out, "statuses_from": source, "restored": restore}
     if not statuses:
         verifier["log_tail"] = run.text[-2000:]
     return Score(1.0 if resolved else 0.0, "ok", verifier)

@@ -11,19 +11,24 @@ from collections.abc import Callable
 
 Parser = Callable[[str], dict[str, str]]
 PASSING = frozenset({"PASSED", "XFAIL"})
-_PYTEST_STATUSES = ("PASSED", "FAILED", "SKIPPED", "ERROR", "XFAIL", "XPASS")
+# SWE-bench's TestStatus: an XPASS line is not a status there, so it is not one here either.
+_PYTEST_STATUSES = ("FAILED", "PASSED", "SKIPPED", "ERROR", "XFAIL")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def parse_pytest(log: str) -> dict[str, str]:
     """`pytest -rA` short summary lines: `PASSED tests/a.py::test_x`,
-    `FAILED tests/a.py::test_y - AssertionError: ...`."""
+    `FAILED tests/a.py::test_y - AssertionError: ...`. Test ids are cut as SWE-bench's own
+    parser cuts them (the line's second word: `test_ids[a b]` is `test_ids[a`), so task lists
+    made by SWE-bench match. Colour codes are dropped first (SWE-bench's runs have none)."""
     statuses: dict[str, str] = {}
-    for line in _ANSI.sub("", log).splitlines():
-        word, _, rest = line.strip().partition(" ")
-        if word in _PYTEST_STATUSES and rest:
-            test = rest.split(" - ", 1)[0].strip()
-            statuses[test] = word
+    for line in _ANSI.sub("", log).split("\n"):
+        if line.startswith(_PYTEST_STATUSES):
+            if line.startswith("FAILED"):
+                line = line.replace(" - ", " ")
+            words = line.split()
+            if len(words) > 1:
+                statuses[words[1]] = words[0]
     return statuses
 
 

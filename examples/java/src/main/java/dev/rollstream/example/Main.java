@@ -16,6 +16,7 @@ import java.util.Map;
 import java.util.Properties;
 import java.util.UUID;
 import org.apache.avro.Schema;
+import org.apache.avro.SchemaNormalization;
 import org.apache.avro.generic.GenericData;
 import org.apache.avro.generic.GenericRecord;
 import org.apache.avro.generic.GenericRecordBuilder;
@@ -68,31 +69,57 @@ public final class Main {
     return new Schema.Parser().parse(file.toFile());
   }
 
-  /**
-   * Writer schemas by fingerprint: the current ones (spec fingerprints) and the legacy
-   * fingerprints earlier releases wrote, each mapped to the schema it stands for.
-   */
-  static SchemaStore writers(Path dir) throws IOException {
+  /** Writer schemas by (spec) fingerprint: the current and the retired versions. */
+  static SchemaStore.Cache writers(Path dir, JsonNode table) throws IOException {
     SchemaStore.Cache cache = new SchemaStore.Cache();
-    Map<Long, Schema> legacy = new HashMap<>();
-    JsonNode table = new ObjectMapper().readTree(dir.resolve("fingerprints.json").toFile());
+    // Retired first: where a retired version has the current layout, the current one wins.
+    for (Iterator<String> it = table.get("retired").fieldNames(); it.hasNext(); ) {
+      cache.addSchema(load(dir.resolve(it.next())));
+    }
     for (Iterator<String> it = table.get("fingerprints").fieldNames(); it.hasNext(); ) {
       cache.addSchema(load(dir.resolve(it.next() + ".avsc")));
     }
+    return cache;
+  }
+
+  /**
+   * The non-spec fingerprints earlier releases wrote, each mapped to the spec fingerprint of
+   * the schema it stands for. BinaryMessageDecoder files a schema under the fingerprint it
+   * computes, so such a header is rewritten to that fingerprint before decoding.
+   */
+  static Map<Long, Long> legacy(Path dir, JsonNode table) throws IOException {
+    Map<Long, Long> out = new HashMap<>();
     for (Iterator<Map.Entry<String, JsonNode>> it = table.get("legacy").fields(); it.hasNext(); ) {
       Map.Entry<String, JsonNode> alias = it.next();
       // Shown as hex in wire order (little endian); Avro's fingerprint longs are the same bytes.
       long fp = Long.reverseBytes(Long.parseUnsignedLong(alias.getKey(), 16));
-      legacy.put(fp, load(dir.resolve(alias.getValue().get("schema").asText())));
+      Schema schema = load(dir.resolve(alias.getValue().get("schema").asText()));
+      out.put(fp, SchemaNormalization.parsingFingerprint64(schema));
     }
-    return fp -> legacy.containsKey(fp) ? legacy.get(fp) : cache.findByFingerprint(fp);
+    return out;
+  }
+
+  static byte[] specHeader(byte[] value, Map<Long, Long> legacy) {
+    if (value.length < 10) {
+      return value;
+    }
+    ByteBuffer header = ByteBuffer.wrap(value).order(ByteOrder.LITTLE_ENDIAN);
+    Long spec = legacy.get(header.getLong(2));
+    if (spec == null) {
+      return value;
+    }
+    byte[] copy = value.clone();
+    ByteBuffer.wrap(copy).order(ByteOrder.LITTLE_ENDIAN).putLong(2, spec);
+    return copy;
   }
 
   static int consume(String bootstrap, String topic, Path dir, int count, long timeoutS)
       throws IOException {
     Schema scored = load(dir.resolve("rollstream.ScoredTrajectory.avsc"));
+    JsonNode table = new ObjectMapper().readTree(dir.resolve("fingerprints.json").toFile());
     BinaryMessageDecoder<GenericRecord> decoder =
-        new BinaryMessageDecoder<>(GenericData.get(), scored, writers(dir));
+        new BinaryMessageDecoder<>(GenericData.get(), scored, writers(dir, table));
+    Map<Long, Long> legacy = legacy(dir, table);
     Properties props = new Properties();
     props.put(ConsumerConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
     props.put(ConsumerConfig.GROUP_ID_CONFIG, "java-example-" + UUID.randomUUID());
@@ -111,7 +138,7 @@ public final class Main {
       while (decoded + failed < count && System.nanoTime() < deadline) {
         for (ConsumerRecord<byte[], byte[]> rec : consumer.poll(Duration.ofMillis(500))) {
           try {
-            GenericRecord s = decoder.decode(rec.value());
+            GenericRecord s = decoder.decode(specHeader(rec.value(), legacy));
             GenericRecord trajectory = (GenericRecord) s.get("trajectory");
             int tokens = 0;
             for (Object t : (List<?>) trajectory.get("turns")) {

@@ -1,0 +1,75 @@
+"""Idempotence by id: a stage handles each task / episode id once, however often it arrives.
+
+A re-published task or a duplicated trajectory carries an id the stage has already handled.
+Kafka's transactions make each *event* count once; this makes each *id* count once:
+
+- the stage writes a marker `<stage>/<id>` to the compacted `<prefix>.seen` topic in the same
+  transaction as its outputs, on the partition its input came from, so the marker is committed
+  exactly when the outputs are (a crash loses both or neither);
+- when it is assigned a partition it reads that partition of `seen` back, so the memory
+  survives restarts and moves to whichever process takes the partition over;
+- memory is bounded: the latest `dedup_window` ids per partition are kept (oldest forgotten
+  first), and the topic forgets markers after its retention (7 days, as the inputs).
+
+Ids are keys, and duplicates land on the partition of their first copy as long as producers
+key events by id with the same partitioner (every Rollstream producer does).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+
+from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
+from rollstream import kafka
+from rollstream.config import Settings
+from rollstream.runtime import Output
+
+log = logging.getLogger("rollstream.dedup")
+
+
+class SeenIds:
+    """The ids one stage has handled, per input partition."""
+
+    def __init__(self, settings: Settings, stage: str) -> None:
+        self.settings = settings
+        self.topic = settings.topics.seen
+        self.prefix = f"{stage}/"
+        self.window = settings.dedup_window
+        self._seen: dict[int, OrderedDict[str, None]] = {}
+
+    def restore(self, partitions: list[int]) -> None:
+        """Read the markers of newly assigned partitions (committed ones only)."""
+        for p in partitions:
+            self._seen[p] = OrderedDict()
+        tps = [TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in partitions]
+        for msg in kafka.read_partitions(self.settings, tps):
+            key = msg.key().decode()
+            if key.startswith(self.prefix):
+                self._remember(msg.partition(), key[len(self.prefix):])
+
+    def forget(self, partitions: list[int]) -> None:
+        for p in partitions:
+            self._seen.pop(p, None)
+
+    def claim(self, partition: int, event_id: str) -> bool:
+        """True the first time `event_id` is seen on `partition` (it is remembered at once, so
+        a copy arriving while the first is still being handled is refused too)."""
+        seen = self._seen.setdefault(partition, OrderedDict())
+        if event_id in seen:
+            log.info("%s%s: already handled, duplicate skipped", self.prefix, event_id)
+            return False
+        self._remember(partition, event_id)
+        return True
+
+    def marker(self, partition: int, event_id: str) -> Output:
+        """The output that records `event_id` as handled; emit it with the event's outputs."""
+        return Output(self.topic, f"{self.prefix}{event_id}", None, b"", partition=partition)
+
+    def _remember(self, partition: int, event_id: str) -> None:
+        seen = self._seen[partition]
+        seen[event_id] = None
+        seen.move_to_end(event_id)
+        if len(seen) > self.window:
+            seen.popitem(last=False)
