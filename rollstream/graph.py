@@ -28,6 +28,7 @@ MAX_MESSAGE_BYTES = 16 * MIB
 
 # Consumer groups (each named <prefix>.<group>, see Topics.group).
 INIT, RUN, EVAL, BRIDGE, STATS = "init", "run", "eval", "bridge", "stats"
+PRINTER = "printer"  # `rollstream bridge`, which prints batches instead of training
 STAGES = (INIT, RUN, EVAL)
 # Writers that are not consumer groups; `redrive` (`rollstream dlq redrive`) sends dead letters
 # back to the topic they came from.
@@ -107,7 +108,7 @@ GRAPH: tuple[Topic, ...] = (
     Topic(
         "scored", "scored", events.SCORED_TRAJECTORY, "episode id",
         "trajectories with their reward and outcome class (EVAL -> trainer bridge)",
-        writers=(EVAL, REDRIVE), groups=(BRIDGE, STATS), followers=("demo", "status"),
+        writers=(EVAL, REDRIVE), groups=(BRIDGE, STATS, PRINTER), followers=("demo", "status"),
         config=_config(retention_ms=7 * DAY_MS, compression="zstd", max_bytes=MAX_MESSAGE_BYTES),
     ),
     Topic(

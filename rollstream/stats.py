@@ -32,6 +32,7 @@ from rollstream.broker import with_broker
 from rollstream.codec import DecodeError, codec, unpack_ids
 from rollstream.config import Settings
 from rollstream.events import DEAD_LETTER, POLICY_VERSION, SCORED_TRAJECTORY, TRAJECTORY
+from rollstream.graph import STATS
 
 # Latency buckets (ms) for the percentile estimates: a percentile is reported as the upper
 # bound of the bucket it falls in.
@@ -137,7 +138,7 @@ def build_app(settings: Settings, web_port: int, datadir: Path, partitions: int,
 
     prefix = settings.prefix
     app = faust.App(
-        f"{prefix}.stats",
+        settings.topics.group(STATS),  # the app id is its consumer group
         broker=[f"kafka://{b}" for b in settings.bootstrap_servers.split(",")],
         store="memory://",
         datadir=str(datadir),

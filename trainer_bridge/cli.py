@@ -9,6 +9,7 @@ from pathlib import Path
 
 from rollstream import config, metrics
 from rollstream.broker import with_broker
+from rollstream.graph import PRINTER
 
 
 def register_cli(sub: argparse._SubParsersAction) -> None:
@@ -95,7 +96,7 @@ def run_bridge(args: argparse.Namespace) -> int:
     from trainer_bridge.bridge import TrainerBridge
 
     settings = with_broker(config.load(args))
-    group = args.group or f"{settings.prefix}.printer"
+    group = args.group or settings.topics.group(PRINTER)
     with TrainerBridge(settings, groups_per_batch=args.groups_per_batch, group=group) as bridge:
         for batch in bridge.batches(args.max_batches, args.idle_timeout):
             print(json.dumps(batch_summary(batch)), flush=True)
