@@ -14,26 +14,25 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[test]'
 	touch $@
 
+# $(call apt_tool,COMMAND,PACKAGE,WHY): install Debian's PACKAGE when COMMAND is missing (as root;
+# as another user, say so), never failing the build over it.
+define apt_tool
+if ! command -v $(1) >/dev/null 2>&1; then \
+	if [ "$$(id -u)" = 0 ]; then \
+		apt-get update -qq && apt-get install -y -qq $(2) \
+			|| echo "warning: could not install $(2); $(3)"; \
+	else \
+		echo "note: $(1) is missing; install $(2) as root ($(3))"; \
+	fi; \
+fi
+endef
+
 # Machine-level tools: bubblewrap (sandboxes without Docker), the Kafka broker's jars (Maven), and
 # a Docker engine with the local base image for Docker sandboxes (scripts/docker-engine.sh).
 deps: venv
-	@if ! command -v bwrap >/dev/null 2>&1; then \
-		if [ "$$(id -u)" = 0 ]; then \
-			apt-get update -qq && apt-get install -y -qq bubblewrap \
-				|| echo "warning: could not install bubblewrap; sandboxed tools need it"; \
-		else \
-			echo "note: bubblewrap (bwrap) is missing; install it as root for sandboxed tools"; \
-		fi; \
-	fi
+	@$(call apt_tool,bwrap,bubblewrap,sandboxed tools need it)
 	$(BIN)/rollstream broker fetch
-	@if ! command -v prometheus >/dev/null 2>&1; then \
-		if [ "$$(id -u)" = 0 ]; then \
-			apt-get update -qq && apt-get install -y -qq prometheus \
-				|| echo "warning: could not install prometheus; its test is skipped"; \
-		else \
-			echo "note: prometheus is missing; install it as root for the metrics test"; \
-		fi; \
-	fi
+	@$(call apt_tool,prometheus,prometheus,the real-Prometheus test skips)
 	./scripts/docker-engine.sh
 	$(MAKE) harness-deps
 

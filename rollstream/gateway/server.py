@@ -73,6 +73,17 @@ class CallRefused(Exception):
                                  status=self.status)
 
 
+async def _json_object(request: web.Request) -> dict:
+    """The request's body as a JSON object, or the 400 that says what is wrong with it."""
+    try:
+        body = await request.json()
+    except ValueError as exc:
+        raise CallRefused(400, f"request body is not JSON: {exc}", "invalid_json") from exc
+    if not isinstance(body, dict):
+        raise CallRefused(400, "request body must be a JSON object", "invalid_json")
+    return body
+
+
 @dataclass
 class GatewayEpisode:
     """One harness episode as the gateway serves it."""
@@ -228,12 +239,7 @@ class Gateway:
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         try:
             episode = self._episode(request)
-            try:
-                body = await request.json()
-            except ValueError as exc:
-                raise CallRefused(400, f"request body is not JSON: {exc}", "invalid_json") from exc
-            if not isinstance(body, dict):
-                raise CallRefused(400, "request body must be a JSON object", "invalid_json")
+            body = await _json_object(request)
             try:
                 messages = normalize(body.get("messages"))
             except BadChatRequest as exc:
@@ -315,12 +321,8 @@ class Gateway:
     async def _exec(self, request: web.Request) -> web.Response:
         try:
             episode = self._episode(request)
-            try:
-                body = await request.json()
-            except ValueError as exc:
-                raise CallRefused(400, f"request body is not JSON: {exc}", "invalid_json") from exc
-            command = body.get("command") if isinstance(body, dict) else None
-            timeout = body.get("timeout") if isinstance(body, dict) else None
+            body = await _json_object(request)
+            command, timeout = body.get("command"), body.get("timeout")
             if not isinstance(command, str):
                 raise CallRefused(400, "'command' must be a string", "invalid_command")
             if timeout is not None and (not isinstance(timeout, int | float) or timeout <= 0):
