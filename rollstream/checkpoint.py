@@ -132,8 +132,10 @@ class Checkpoint:
         self.rewinds = 0
         self.producer: Producer | None = None
         self._abandoned: list[Producer] = []  # kept alive while their stuck calls run
-        # (topic, key, error) of records the broker refused since the caller last looked.
+        # (topic, key, error) of records the broker refused since the caller last looked,
+        # reported while `tracking` (after a transaction failed on a refused record).
         self.refused: list[tuple[str, bytes | None, KafkaError]] = []
+        self.tracking = False
 
     def open(self) -> None:
         """Initialize the transactional producer: waits (bounded by the caller's deadline) for
@@ -202,6 +204,9 @@ class Checkpoint:
                     continue
                 self._failed(err, "commit")
         self.in_txn = False
+        if self.tracking:  # the refused record's input is handled: back to the fast producer
+            self.tracking = False
+            self._drop(KafkaError(KafkaError.NO_ERROR))
 
     def abort(self) -> None:
         """Abort the open transaction (bounded); a producer that cannot is dropped."""
@@ -233,6 +238,11 @@ class Checkpoint:
         else:
             log.warning("%s: %s; aborting and rewinding", call, err)
             self.abort()
+        if err.code() in _REFUSED and not self.tracking:
+            # The broker refused a record; which one only delivery reports tell. They cost a
+            # Python call per record, so only a producer made for the redo asks for them.
+            self.tracking = True
+            self._drop(err)
         raise Rewind(str(err))
 
     def _drop(self, err: KafkaError) -> None:
@@ -248,7 +258,8 @@ class Checkpoint:
             self.fences.fenced(err)
 
     def _producer(self) -> Producer:
-        return kafka.producer(self.settings, self.transactional_id, on_delivery=self._delivered)
+        extra = {"on_delivery": self._delivered} if self.tracking else {}
+        return kafka.producer(self.settings, self.transactional_id, **extra)
 
     def _delivered(self, err: KafkaError | None, msg: Any) -> None:
         """Delivery report: a record the broker refused (e.g. over a topic's actual limit) is

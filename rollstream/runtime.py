@@ -442,10 +442,11 @@ class StageRuntime:
         return value
 
     def _produce_all(self, msg: Message, records: list[tuple[Output, bytes | None]]) -> None:
-        produce, sources = self.checkpoint.produce, self._sources
-        source = (msg.partition(), msg.offset())
+        produce = self.checkpoint.produce
+        if self.checkpoint.tracking:  # redoing a transaction that a refused record failed
+            source = (msg.partition(), msg.offset())
+            self._sources.update(((out.topic, out.key), source) for out, _ in records)
         for out, value in records:
-            sources[(out.topic, out.key)] = source
             try:
                 produce(out.topic, value, out.key, out.partition)
             except RecordRefused as exc:
