@@ -9,7 +9,8 @@ speed of the stages. If the trainer makes no progress for three times its recent
 interval (at least `stall_s`: every group of a window was dropped for lack of reward variance,
 so no step was taken and no version published), one more window is let in, so the loop cannot
 stall; scaling the wait with the step interval keeps a slow (busy) trainer from being taken for
-a stalled one. The bridge's staleness bound still applies.
+a stalled one. Before the trainer's first step the wait is `startup_s` (30 s): a trainer that
+is still loading is not a stalled one either. The bridge's staleness bound still applies.
 INIT's count of admitted tasks starts at 0 when a process starts: after a restart it may let
 up to one window more in.
 """
@@ -65,9 +66,11 @@ class PolicyFollower:
 
 
 class AdmissionGate:
-    def __init__(self, settings: Settings, window: int, stall_s: float = 3.0) -> None:
+    def __init__(self, settings: Settings, window: int, stall_s: float = 3.0,
+                 startup_s: float = 30.0) -> None:
         self.window = window
         self.stall_s = stall_s
+        self.startup_s = startup_s
         self.admitted = 0
         self.follower = PolicyFollower(settings)
         self._bonus = 0
@@ -82,7 +85,10 @@ class AdmissionGate:
             self._intervals.append(now - self._last_progress)
             self._last_consumed, self._last_progress = consumed, now
         room = self.window - (self.admitted - consumed - self._bonus)
-        patience = max(self.stall_s, 3 * statistics.median(self._intervals or [0.0]))
+        if self._intervals:
+            patience = max(self.stall_s, 3 * statistics.median(self._intervals))
+        else:  # no step yet: the trainer may still be starting (imports, loading a model)
+            patience = max(self.stall_s, self.startup_s)
         if room <= 0 and now - self._last_progress > patience:
             self._bonus += self.window
             self._last_progress = now

@@ -41,8 +41,19 @@ def test_capacity_is_the_window_beyond_what_the_trainer_consumed(settings: Setti
         gate.close()
 
 
+def test_a_starting_trainer_is_not_taken_for_a_stalled_one(settings: Settings) -> None:
+    gate = AdmissionGate(settings, window=2, stall_s=0.3, startup_s=60)
+    try:
+        gate.admit()
+        gate.admit()
+        time.sleep(0.4)
+        assert gate.capacity() == 0  # no step yet: past stall_s, within startup_s
+    finally:
+        gate.close()
+
+
 def test_a_stalled_trainer_gets_one_more_window(settings: Settings) -> None:
-    gate = AdmissionGate(settings, window=2, stall_s=0.3)
+    gate = AdmissionGate(settings, window=2, stall_s=0.3, startup_s=0.3)
     try:
         gate.admit()
         gate.admit()
