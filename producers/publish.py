@@ -21,7 +21,7 @@ from rollstream.config import Settings
 from rollstream.envs.registry import UnknownEnv, get_env
 from rollstream.envs.swe import sources as swe_sources
 from rollstream.events import TASK
-from rollstream.kafka import process_id, produce, producer
+from rollstream.kafka import process_id, produce, producer, transaction
 
 
 class TaskFileError(ValueError):
@@ -215,12 +215,7 @@ def publish(settings: Settings, tasks: list[dict[str, Any]]) -> int:
     if found is None or found.error is not None:
         raise RuntimeError(f"topic {topic} does not exist (create it: rollstream topics create)")
     p.init_transactions(30)
-    p.begin_transaction()
-    try:
+    with transaction(p):
         for task, value in zip(tasks, values, strict=True):
             produce(p, topic, value, key=task["task_id"])
-        p.commit_transaction(60)
-    except BaseException:
-        p.abort_transaction(30)
-        raise
     return len(tasks)

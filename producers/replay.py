@@ -11,7 +11,7 @@ import base64
 import json
 import sys
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import closing
+from contextlib import closing, nullcontext
 from typing import Any, TextIO
 
 import numpy as np
@@ -28,7 +28,14 @@ from confluent_kafka.admin import AdminClient, ConfigResource, ConfigSource, New
 from rollstream.codec import DecodeError, codec, unpack_ids, unpack_logprobs
 from rollstream.config import Settings
 from rollstream.events import POLICY_VERSION, SCORED_TRAJECTORY, TRAJECTORY
-from rollstream.kafka import consumer, process_id, produce, producer, read_partitions
+from rollstream.kafka import (
+    consumer,
+    process_id,
+    produce,
+    producer,
+    read_partitions,
+    transaction,
+)
 
 # read_partitions' deadline for reaching the end of every partition: generous, since a replay may
 # cover days of trajectories.
@@ -281,11 +288,10 @@ def replay(
             **{"transaction.timeout.ms": TRANSACTION_TIMEOUT_MS},
         )
         p.init_transactions(30)
-        p.begin_transaction()
     out = out or sys.stdout
     skipped = _Skipped()
     replayed = 0
-    try:
+    with transaction(p, commit_timeout_s=120) if p is not None else nullcontext():
         for msg, record, value in _decoded(settings, topic, ranges, skipped):
             if limit is not None and replayed >= limit:
                 break
@@ -297,12 +303,6 @@ def replay(
                 produce(p, to_topic, msg.value(), key=msg.key(), partition=target)
             else:
                 out.write(json.dumps(_event_json(msg, record, value)) + "\n")
-        if p is not None:
-            p.commit_transaction(120)
-    except BaseException:
-        if p is not None:
-            p.abort_transaction(30)
-        raise
     if skipped.count:
         print(f"replay: skipped {skipped.count} undecodable event(s); first at {skipped.first}",
               file=sys.stderr)

@@ -140,15 +140,14 @@ def redrive(settings: Settings, **selection: Any) -> list[DeadLetter]:
             if d.coordinates not in done]
     if not todo:
         return []
-    producer.begin_transaction()
-    for d in todo:
-        e = d.event
-        kafka.produce(producer, e["source_topic"], e["value"], e["key"],
-                      partition=e["source_partition"])
-        kafka.produce(producer, ledger_topic(settings), json.dumps({
-            "source_topic": e["source_topic"], "source_partition": e["source_partition"],
-            "source_offset": e["source_offset"]}).encode(), d.coordinates)
-    producer.commit_transaction(60)
+    with kafka.transaction(producer):
+        for d in todo:
+            e = d.event
+            kafka.produce(producer, e["source_topic"], e["value"], e["key"],
+                          partition=e["source_partition"])
+            kafka.produce(producer, ledger_topic(settings), json.dumps({
+                "source_topic": e["source_topic"], "source_partition": e["source_partition"],
+                "source_offset": e["source_offset"]}).encode(), d.coordinates)
     return todo
 
 

@@ -8,6 +8,7 @@ import socket
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
@@ -79,6 +80,19 @@ def produce(p: Producer, topic: str, value: bytes | None, key: str | bytes | Non
             return
         except BufferError:
             p.poll(0.05)
+
+
+@contextmanager
+def transaction(p: Producer, commit_timeout_s: float = 60) -> Iterator[Producer]:
+    """One producer-only transaction (publish, replay, redrive): committed when the block ends,
+    aborted if it raises, so no open transaction holds back read_committed readers."""
+    p.begin_transaction()
+    try:
+        yield p
+        p.commit_transaction(commit_timeout_s)
+    except BaseException:
+        p.abort_transaction(30)
+        raise
 
 
 def reader(settings: Settings, partitions: list[TopicPartition], **extra: Any) -> Consumer:
