@@ -84,9 +84,15 @@ class Stopped(Interrupt):
     """The caller's deadline came while waiting for the cluster."""
 
 
+def fatal(err: KafkaError) -> bool:
+    """A client that cannot go on. A consumer reports its fatal error (a static member fenced)
+    as an event whose error carries the _FATAL code but not always the fatal flag."""
+    return bool(err.fatal()) or err.code() == KafkaError._FATAL
+
+
 def classify(err: KafkaError) -> str:
     """'retry', 'abort' or 'rebuild': what a transactional producer does after `err`."""
-    if err.fatal() or err.code() in _FENCED:
+    if fatal(err) or err.code() in _FENCED:
         return "rebuild"
     if err.txn_requires_abort():
         return "abort"

@@ -58,6 +58,7 @@ from rollstream.checkpoint import (
     Rewind,
     Stopped,
     close_bounded,
+    fatal,
 )
 from rollstream.codec import DecodeError, codec
 from rollstream.config import Settings, Topics
@@ -291,7 +292,14 @@ class StageRuntime:
         msgs = [first, *self.consumer.consume(limit - 1, timeout=0)] if limit > 1 else [first]
         self._idle = len(msgs) < limit
         if self._needs_rewind or self._consumer_failed is not None:
-            return  # a callback in this poll threw away the state these events need
+            # A callback in this poll threw away the state these events need. A fatal error
+            # among them is still seen: a static member fenced while its session was lost
+            # reports it right after the loss, and only once; dropped, the consumer is dead and
+            # the process waits forever on it.
+            failed = next((m.error() for m in msgs if m.error() is not None
+                           and fatal(m.error())), None)
+            self._consumer_failed = self._consumer_failed or failed
+            return
         if not self._async:
             self._run_sync(msgs)
             return
@@ -349,7 +357,7 @@ class StageRuntime:
         consumer error, a partition revoked meanwhile, or an event already done (skipped)."""
         err = msg.error()
         if err is not None:
-            if err.fatal():
+            if fatal(err):
                 self._consumer_failed = err
             else:
                 log.info("stage %s: consumer: %s", self.stage.name, err)
@@ -562,7 +570,7 @@ class StageRuntime:
                                 on_revoke=self._on_revoke, on_lost=self._on_lost)
 
     def _on_error(self, err: KafkaError) -> None:
-        if err.fatal():
+        if fatal(err):
             self._consumer_failed = err
         else:  # the client reconnects by itself (a broker restarting, a leader moving)
             log.info("stage %s: %s", self.stage.name, err)
