@@ -12,7 +12,8 @@ stall; scaling the wait with the step interval keeps a slow (busy) trainer from 
 a stalled one. Before the trainer's first step the wait is `startup_s` (30 s): a trainer that
 is still loading is not a stalled one either. The bridge's staleness bound still applies.
 INIT's count of admitted tasks starts at 0 when a process starts: after a restart it may let
-up to one window more in.
+up to one window more in. A task let in again because its input was redone (a transaction that
+failed, a broker restart) is counted once: each counted id is remembered for a while.
 """
 
 from __future__ import annotations
@@ -72,6 +73,9 @@ class AdmissionGate:
         self.stall_s = stall_s
         self.startup_s = startup_s
         self.admitted = 0
+        # Recently admitted ids (an ordered set): a redo comes soon after the first try.
+        self._recent: dict[str, None] = {}
+        self._memory = max(16 * window, 10_000)
         self.follower = PolicyFollower(settings)
         self._bonus = 0
         self._last_consumed = 0
@@ -95,7 +99,12 @@ class AdmissionGate:
             room += self.window
         return max(room, 0)
 
-    def admit(self) -> None:
+    def admit(self, task_id: str) -> None:
+        if task_id in self._recent:
+            return
+        self._recent[task_id] = None
+        if len(self._recent) > self._memory:
+            del self._recent[next(iter(self._recent))]
         self.admitted += 1
 
     def close(self) -> None:

@@ -608,19 +608,28 @@ class StageRuntime:
             self._needs_rewind = True  # the partitions we keep are redone from their commits
         except Stopped:
             pass  # stopping anyway: the next owner redoes what was not committed
+        self._forget_partitions(parts)
+        self.stage.on_revoke(sorted(parts))
+
+    def _forget_partitions(self, parts: set[int]) -> None:
+        """Partitions leaving this process: their progress goes, and the ones paused are
+        resumed first: librdkafka keeps a partition's pause through its revocation, so one
+        assigned back later would stay paused while `_paused` no longer names it (an INIT
+        paused by admission stopped for good after a broker restart that way)."""
+        paused = parts & self._paused
+        if paused:
+            with contextlib.suppress(KafkaException):
+                self.consumer.resume([TopicPartition(self.topic, p) for p in paused])
         for p in parts:
             self._progress.pop(p, None)
             self._paused.discard(p)
-        self.stage.on_revoke(sorted(parts))
 
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         if consumer is not self.consumer:
             return
         log.warning("stage %s: lost %s", self.stage.name, [tp.partition for tp in partitions])
         self.metrics.rebalanced("lost")
-        for tp in partitions:
-            self._progress.pop(tp.partition, None)
-            self._paused.discard(tp.partition)
+        self._forget_partitions({tp.partition for tp in partitions})
         # What the open transaction holds may be for the lost partitions: it must not commit.
         self.checkpoint.abort()
         self._needs_rewind = True
