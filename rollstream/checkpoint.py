@@ -356,17 +356,8 @@ class Checkpoint:
 
     def committed(self, consumer: Consumer, partitions: list[TopicPartition]
                   ) -> list[TopicPartition]:
-        """The group's committed offsets, retried while the cluster is unreachable; raises
-        Stopped when the caller's deadline comes first."""
-        while True:
-            try:
-                return consumer.committed(partitions, timeout=self._timeout())
-            except KafkaException as exc:
-                deadline = self.deadline()
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise Stopped(str(exc)) from exc
-                log.info("committed offsets: %s; trying again", exc.args[0])
-                time.sleep(0.5)
+        """The group's committed offsets (see `committed`), bounded by the caller's deadline."""
+        return committed(consumer, partitions, self._timeout, self.deadline)
 
     def close(self) -> None:
         """Abort what is open and let the producer go, all bounded."""
@@ -376,6 +367,22 @@ class Checkpoint:
             self.abort()
         if self.producer is not None:
             close_bounded(self.producer, self.call_timeout_s)
+
+
+def committed(consumer: Consumer, partitions: list[TopicPartition],
+              timeout: Callable[[], float] = lambda: CALL_TIMEOUT_S,
+              deadline: Callable[[], float | None] = lambda: None) -> list[TopicPartition]:
+    """The group's committed offsets, retried while the cluster is unreachable (each try
+    bounded by `timeout()`); raises Stopped when `deadline()` comes first."""
+    while True:
+        try:
+            return consumer.committed(partitions, timeout=timeout())
+        except KafkaException as exc:
+            until = deadline()
+            if until is not None and time.monotonic() >= until:
+                raise Stopped(str(exc)) from exc
+            log.info("committed offsets: %s; trying again", exc.args[0])
+            time.sleep(0.5)
 
 
 class _suppress_kafka:  # noqa: N801

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import statistics
 from pathlib import Path
 
@@ -93,12 +94,26 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def run_bridge(args: argparse.Namespace) -> int:
+    from rollstream.checkpoint import Rewind
     from trainer_bridge.bridge import TrainerBridge
 
+    config.log_to_stderr()
     settings = with_broker(config.load(args))
     group = args.group or settings.topics.group(PRINTER)
-    with TrainerBridge(settings, groups_per_batch=args.groups_per_batch, group=group) as bridge:
-        for batch in bridge.batches(args.max_batches, args.idle_timeout):
-            print(json.dumps(batch_summary(batch)), flush=True)
-            batch.ack()
+    printed = 0
+    while args.max_batches is None or printed < args.max_batches:
+        left = None if args.max_batches is None else args.max_batches - printed
+        try:
+            with TrainerBridge(settings, groups_per_batch=args.groups_per_batch,
+                               group=group) as bridge:
+                for batch in bridge.batches(left, args.idle_timeout):
+                    print(json.dumps(batch_summary(batch)), flush=True)
+                    printed += 1
+                    batch.ack()
+            break
+        except Rewind as exc:
+            # A commit the group refused or a consumer that failed (a broker restart): join
+            # again; what was not committed comes back (at least once).
+            logging.getLogger("trainer_bridge").warning(
+                "bridge: %s; joining the group again from the committed offsets", exc)
     return 0
