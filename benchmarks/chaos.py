@@ -4,8 +4,9 @@ SIGKILLed, against the same workload without faults, in the same run.
 Processes (real OS processes, `rollstream ...`): a scripted policy server (vLLM's contract,
 multi-turn `guess_number` episodes of up to 4 turns), 2 INIT, 2 RUN, 2 EVAL (one of each pair
 with `--instance-id`), the trainer's consumer (`rollstream bridge`) and the inference
-controller. Faults, in turn, every `interval` seconds from the first scored episode (25 s;
-ROLLSTREAM_CHAOS_INTERVAL_S): SIGKILL of an INIT, RUN, EVAL, bridge or controller process
+controller. Faults, in turn, every `interval` seconds from the first scored episode (20 s;
+ROLLSTREAM_CHAOS_INTERVAL_S), and never before the last fault's throughput is back (or 60 s
+passed): SIGKILL of an INIT, RUN, EVAL, bridge or controller process
 (restarted after 1 s, as a supervisor would), of the broker leading a partition of `episodes`,
 and of the active KRaft controller (restarted after 5 s); once, when half the episodes are
 scored, the whole cluster is SIGKILLed and restarted.
@@ -19,7 +20,8 @@ without faults), and the faults after which it never was ("not back"); the total
 against the run without faults. The bar: 0 lost, duplicated, infra, exited or hung, and every
 single-broker kill back within 30 s.
 
-`python -m benchmarks chaos`: 10,000 episodes a run (ROLLSTREAM_CHAOS_EPISODES sets it; `--quick`:
+`python -m benchmarks chaos`: 30,000 episodes a run, enough for two rounds of every fault kind
+where the pipeline runs at ~200 episodes/s (ROLLSTREAM_CHAOS_EPISODES sets it; `--quick`:
 400 episodes, partition-leader kills, no baseline; tests/test_chaos.py runs 200 with one).
 """
 
@@ -63,6 +65,7 @@ FAULT_ORDER = ("init", "partition-leader", "run", "eval", "active-controller", "
                "controller")
 GUESSES = ["5", "2", "7", "9"]  # the scripted policy's answers, turn by turn
 WINDOW_S = 5.0  # rate window for "back to full throughput"
+SETTLE_MAX_S = 60.0  # the longest the next fault waits for the last one's recovery
 RECOVERED = 0.8  # fraction of the pre-fault rate that counts as full throughput
 
 
@@ -249,11 +252,14 @@ def recovery_s(times: list[float], at: float, end: float,
 
 class Chaos:
     """The fault schedule: one fault every `interval` s, kinds in turn, and the whole-cluster
-    restart once, after half the episodes are scored."""
+    restart once, after half the episodes are scored; no fault before the last one's
+    throughput is back (at most SETTLE_MAX_S)."""
 
     def __init__(self, pipeline: Pipeline, run: Run, bootstrap: str, interval: float,
-                 kinds: list[str], cluster_restart: bool, max_faults: int | None) -> None:
+                 kinds: list[str], cluster_restart: bool, max_faults: int | None,
+                 ceiling: float | None = None) -> None:
         self.pipeline, self.run, self.bootstrap = pipeline, run, bootstrap
+        self.ceiling = ceiling
         self.interval, self.kinds = interval, kinds
         self.max_faults = max_faults
         self.cluster_restart = cluster_restart
@@ -270,6 +276,8 @@ class Chaos:
             self.down.remove(item)
             cluster.start_node(item[1])
         self.run.exited += self.pipeline.exited()
+        if not self._settled(now):
+            return
         if self.cluster_restart and len(self.run.scored) >= self.run.episodes // 2:
             self.cluster_restart = False
             self._whole_cluster()
@@ -305,6 +313,17 @@ class Chaos:
         time.sleep(1)
         self.pipeline.start(name)
 
+    def _settled(self, now: float) -> bool:
+        """The last fault's throughput is back (or there was none to get back to, or
+        SETTLE_MAX_S passed): a fault during another's recovery would blur both figures."""
+        if not self.run.faults or now - self.run.faults[-1].at >= SETTLE_MAX_S:
+            return True
+        at = self.run.faults[-1].at
+        times = sorted(t for t, _, _ in list(self.run.scored))
+        if not any(at - 15 <= t < at for t in times):
+            return True
+        return recovery_s(times, at, now, self.ceiling) is not None
+
     def _whole_cluster(self) -> None:
         nodes = cluster.running_nodes()
         for node in nodes:
@@ -317,7 +336,8 @@ class Chaos:
 def one_run(base: Settings, workdir: Path, label: str, episodes: int, faults: bool,
             interval: float, kinds: list[str], timeout_s: float, whole_cluster: bool,
             max_faults: int | None = None, grace_s: float = 5.0,
-            processes: list[str] | None = None) -> tuple[Run, set[str]]:
+            processes: list[str] | None = None,
+            ceiling: float | None = None) -> tuple[Run, set[str]]:
     settings = replace(base, prefix=f"chaos{label}{uuid.uuid4().hex[:6]}")
     create_topics(settings.bootstrap_servers, settings.prefix, PARTITIONS, replication_factor=3)
     script = workdir / f"{label}-script.jsonl"
@@ -335,7 +355,8 @@ def one_run(base: Settings, workdir: Path, label: str, episodes: int, faults: bo
         run.started = time.monotonic()
         publish(settings, work)
         chaos = Chaos(pipeline, run, settings.bootstrap_servers, interval, kinds,
-                      cluster_restart=whole_cluster, max_faults=max_faults) if faults else None
+                      cluster_restart=whole_cluster, max_faults=max_faults,
+                      ceiling=ceiling) if faults else None
         _follow(settings, run, expected, time.monotonic() + timeout_s,
                 tick=chaos.tick if chaos else lambda: run.exited.extend(pipeline.exited()),
                 grace_s=grace_s)
@@ -420,7 +441,8 @@ def measure(episodes: int, interval: float, kinds: list[str], baseline: bool,
             result["without_faults"] = summarize(run, expected)
             ceiling = steady_rate([t for t, _, _ in run.scored])
         run, expected = one_run(base, workdir, "chaos", episodes, True, interval, kinds,
-                                timeout_s, whole_cluster, max_faults, grace_s, processes)
+                                timeout_s, whole_cluster, max_faults, grace_s, processes,
+                                ceiling)
         time_recoveries(run, ceiling)
         result["with_faults"] = summarize(run, expected)
     if baseline and result["without_faults"]["total_s"]:
@@ -434,10 +456,10 @@ def run(quick: bool = False, episodes: int | None = None, interval: float | None
         timeout_s: float = 3600) -> dict[str, Any]:
     """The benchmark; sizes from the arguments, else the environment (ROLLSTREAM_CHAOS_EPISODES,
     ROLLSTREAM_CHAOS_INTERVAL_S, ROLLSTREAM_CHAOS_KINDS, ROLLSTREAM_CHAOS_BASELINE=0), else
-    10,000 episodes (quick: 400, partition-leader kills only, no baseline)."""
+    30,000 episodes (quick: 400, partition-leader kills only, no baseline)."""
     env = os.environ.get
-    episodes = episodes or int(env("ROLLSTREAM_CHAOS_EPISODES", 400 if quick else 10_000))
-    interval = interval or float(env("ROLLSTREAM_CHAOS_INTERVAL_S", 3 if quick else 25))
+    episodes = episodes or int(env("ROLLSTREAM_CHAOS_EPISODES", 400 if quick else 30_000))
+    interval = interval or float(env("ROLLSTREAM_CHAOS_INTERVAL_S", 3 if quick else 20))
     default_kinds = "partition-leader" if quick else ",".join(FAULT_ORDER)
     kinds = kinds or [k for k in env("ROLLSTREAM_CHAOS_KINDS", default_kinds).split(",") if k]
     unknown = set(kinds) - set(PROCESS_KINDS + BROKER_KINDS)
