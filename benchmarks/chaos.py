@@ -4,7 +4,7 @@ SIGKILLed, against the same workload without faults, in the same run.
 Processes (real OS processes, `rollstream ...`): a scripted policy server (vLLM's contract,
 multi-turn `guess_number` episodes of up to 4 turns), 2 INIT, 2 RUN, 2 EVAL (one of each pair
 with `--instance-id`), the trainer's consumer (`rollstream bridge`) and the inference
-controller. Faults, in turn, every `interval` seconds from the first scored episode (20 s;
+controller. Faults, in turn, every `interval` seconds from the first scored episode (10 s;
 ROLLSTREAM_CHAOS_INTERVAL_S), and never before the last fault's throughput is back (or 60 s
 passed): SIGKILL of an INIT, RUN, EVAL, bridge or controller process
 (restarted after 1 s, as a supervisor would), of the broker leading a partition of `episodes`,
@@ -459,7 +459,7 @@ def run(quick: bool = False, episodes: int | None = None, interval: float | None
     30,000 episodes (quick: 400, partition-leader kills only, no baseline)."""
     env = os.environ.get
     episodes = episodes or int(env("ROLLSTREAM_CHAOS_EPISODES", 400 if quick else 30_000))
-    interval = interval or float(env("ROLLSTREAM_CHAOS_INTERVAL_S", 3 if quick else 20))
+    interval = interval or float(env("ROLLSTREAM_CHAOS_INTERVAL_S", 3 if quick else 10))
     default_kinds = "partition-leader" if quick else ",".join(FAULT_ORDER)
     kinds = kinds or [k for k in env("ROLLSTREAM_CHAOS_KINDS", default_kinds).split(",") if k]
     unknown = set(kinds) - set(PROCESS_KINDS + BROKER_KINDS)
