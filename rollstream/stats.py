@@ -16,8 +16,8 @@ reads committed data only, so aborted stage outputs are not counted.
 Exact after a crash: faust (0.15) sends a table's changelog records with its plain producer,
 outside the transaction that commits its input offsets, so a SIGKILL between the two leaves
 the changelog holding updates for events past the committed offsets; the restarted worker
-recovers them and then reads those events again (at least once). Sums kept as running totals
-counted such events twice (43 for 40 in one run). So the one table (`events`, changelog
+recovers them and then reads those events again (at least once), and running totals count
+them twice (a manual run once showed 43 for 40). So the one table (`events`, changelog
 `<prefix>.stats-events-changelog` on the same cluster) holds what each event adds, keyed by
 the event's identity (episode id; a dead letter's source coordinates): an event read again
 writes the same key, and every report is summed from the table when it is asked for. The table
