@@ -28,7 +28,7 @@ from benchmarks import percentiles_ms, print_table, write_result
 from rollstream.codec import codec, unpack_ids
 from rollstream.config import Settings
 from rollstream.envs.swe.tool_calls import ToolCall, hermes
-from rollstream.inference import InferenceClient
+from rollstream.inference.client import InferenceClient
 from rollstream.policy.scripted import Script, create_app
 from rollstream.policy.server import BackgroundServer
 from rollstream.runtime import EventContext, Output

@@ -32,7 +32,7 @@ from benchmarks import print_table, write_result
 from rollstream.config import Settings
 from rollstream.envs import registry
 from rollstream.envs.base import Environment, Score, StepResult
-from rollstream.inference import InferenceClient
+from rollstream.inference.client import InferenceClient
 from rollstream.policy.simulated import Fleet, SimulatedServer
 from rollstream.runtime import EventContext
 from stages.run import RunStage

@@ -9,10 +9,10 @@ import producers.cli
 import producers.harness_tasks
 import rollstream.broker.cli
 import rollstream.contracts
-import rollstream.controller
 import rollstream.demo
 import rollstream.dlq
 import rollstream.envs.cli
+import rollstream.inference.controller
 import rollstream.policy.cli
 import rollstream.policy.scripted
 import rollstream.sandbox.cli
@@ -33,7 +33,7 @@ FEATURE_MODULES = [
     trainer_bridge.cli,
     rollstream.policy.cli,
     rollstream.policy.scripted,
-    rollstream.controller,
+    rollstream.inference.controller,
     producers.cli,
     rollstream.envs.cli,
     producers.harness_tasks,

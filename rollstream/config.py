@@ -77,7 +77,7 @@ class Settings:
     chat_template: str = field(
         default="",
         metadata={"help": "a Jinja chat template file used instead of the tokenizer's (e.g. "
-                          "one that keeps earlier reasoning: rollstream/policy/templates/)"},
+                          "one that keeps earlier reasoning: rollstream/inference/templates/)"},
     )
     chat_template_kwargs: str = field(
         default="",

@@ -18,8 +18,8 @@ import uuid
 from pathlib import Path
 
 from rollstream import config
+from rollstream.inference.chat import sample_count
 from rollstream.loop import LoopConfig
-from rollstream.policy.chat import sample_count
 
 
 def register_cli(sub: argparse._SubParsersAction) -> None:

@@ -29,8 +29,8 @@ def write_base_policy(path: Path, alphabet: str = LETTERS, seed: int = 0) -> Non
     """Version 0: seed weights whose output layer favours the alphabet and the end token."""
     import torch
 
+    from rollstream.inference.tokenizer import END
     from rollstream.policy.model import build_model, save
-    from rollstream.policy.tokenizer import END
 
     model = build_model(seed)
     with torch.no_grad():

@@ -124,7 +124,7 @@ class Inspector:
                 "mean_reward": newest["metrics"].get("mean_reward")}
 
     def servers(self) -> list[dict[str, Any]]:
-        from rollstream.inference import parse_load
+        from rollstream.inference.client import parse_load
 
         rows = []
         for url in self.settings.policy_urls():

@@ -10,9 +10,9 @@ For vLLM releases without weight labels (0.12). vLLM 0.33 labels responses itsel
 (`choices[].weight_versions`), and the controller uses that instead: this middleware's stamp is
 per process, so it would be wrong with several API-server processes.
 
-Why it is exact: the inference controller (rollstream/controller.py) reloads full weights on
-0.12 as `/pause?wait_for_inflight_requests=true` (running requests finish on the old weights,
-new ones are held) → set version null → reload → set version N (or back to the previous one
+Why it is exact: the inference controller (rollstream/inference/controller.py) reloads full
+weights on 0.12 as `/pause?wait_for_inflight_requests=true` (running requests finish on the old
+weights, new ones are held) → set version null → reload → set version N (or back to the previous one
 when the reload failed) → `/resume` (held requests run on the new weights). The header is
 written when a response starts, which for a non-streamed completion is after its last token;
 a response that starts inside the window carries no version, and RUN samples that turn again
@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 VERSION_PATH = "/rollstream/policy_version"
-HEADER = b"x-rollstream-policy-version"  # rollstream.inference.POLICY_VERSION_HEADER, lowercased
+HEADER = b"x-rollstream-policy-version"  # the client's POLICY_VERSION_HEADER, lowercased
 STAMPED_PATHS = ("/v1/completions", "/v1/chat/completions")
 
 Scope = MutableMapping[str, Any]

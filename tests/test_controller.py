@@ -12,7 +12,7 @@ import aiohttp
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from rollstream.controller import Applied, apply_policy, current_version, lora_name
+from rollstream.inference.controller import Applied, apply_policy, current_version, lora_name
 from rollstream.policy.model import build_model, save
 from rollstream.policy.server import BackgroundServer
 from rollstream.processes import free_port

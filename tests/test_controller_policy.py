@@ -18,7 +18,7 @@ from confluent_kafka import TopicPartition
 from rollstream import kafka
 from rollstream.codec import codec
 from rollstream.config import Settings
-from rollstream.controller import Controller
+from rollstream.inference.controller import Controller
 from rollstream.policy.model import build_model, save
 from rollstream.policy.server import BackgroundServer
 from rollstream.runtime import StageRuntime

@@ -12,7 +12,7 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from rollstream.codec import unpack_ids
-from rollstream.policy.hf_template import HFChatTemplate, TemplateError
+from rollstream.inference.hf_template import HFChatTemplate, TemplateError
 from rollstream.policy.simulated import Fleet, SimulatedServer
 from tests.run_helpers import guess_episodes, play, run_settings
 

@@ -13,8 +13,9 @@ import aiohttp
 import pytest
 import torch
 
-from rollstream.inference import POLICY_VERSION_HEADER, InferenceClient
-from rollstream.policy.chat import EmbeddedChatTemplate
+from rollstream.inference.chat import EmbeddedChatTemplate
+from rollstream.inference.client import POLICY_VERSION_HEADER, InferenceClient
+from rollstream.inference.tokenizer import ASSISTANT, END, EOS, USER, VOCAB_SIZE, ByteTokenizer
 from rollstream.policy.model import (
     ContextLengthError,
     DecodeBatch,
@@ -26,7 +27,6 @@ from rollstream.policy.model import (
     save,
 )
 from rollstream.policy.server import BackgroundServer
-from rollstream.policy.tokenizer import ASSISTANT, END, EOS, USER, VOCAB_SIZE, ByteTokenizer
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TEMPLATE = EmbeddedChatTemplate()

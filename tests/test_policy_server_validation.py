@@ -15,7 +15,7 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from rollstream.policy.chat import EmbeddedChatTemplate
+from rollstream.inference.chat import EmbeddedChatTemplate
 from rollstream.policy.model import SamplingParams, Sequence, build_model
 from rollstream.policy.server import BackgroundServer, Engine
 

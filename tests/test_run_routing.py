@@ -10,10 +10,10 @@ from collections import Counter
 import pytest
 
 from rollstream.codec import unpack_ids
-from rollstream.controller import lora_name
-from rollstream.policy.chat import EmbeddedChatTemplate
+from rollstream.inference.chat import EmbeddedChatTemplate
+from rollstream.inference.controller import lora_name
+from rollstream.inference.routing import UNKNOWN_VERSION, Router, VersionUnknown
 from rollstream.policy.simulated import Fleet, SimulatedServer
-from rollstream.routing import UNKNOWN_VERSION, Router, VersionUnknown
 from rollstream.runtime import EventContext
 from stages.eval import EvalStage
 from stages.run import RunStage, conversation

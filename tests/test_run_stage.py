@@ -17,7 +17,7 @@ from producers.publish import validate_task
 from rollstream import kafka
 from rollstream.codec import codec, pack_ids, pack_logprobs, unpack_ids
 from rollstream.config import Settings
-from rollstream.policy.chat import EmbeddedChatTemplate
+from rollstream.inference.chat import EmbeddedChatTemplate
 from rollstream.policy.simulated import Fleet, SimulatedServer
 from rollstream.processes import ProcessGroup, free_port, wait_http
 from rollstream.runtime import StageRuntime

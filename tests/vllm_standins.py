@@ -29,7 +29,7 @@ from typing import Any
 
 from aiohttp import web
 
-from rollstream.inference import POLICY_VERSION_HEADER
+from rollstream.inference.client import POLICY_VERSION_HEADER
 from rollstream.policy.model import load
 from rollstream.policy.server import Engine, PolicyServer, _errors
 from rollstream.vllm_middleware import VERSION_PATH

@@ -25,7 +25,7 @@ from safetensors.torch import save_file
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_sequence
 
-from rollstream.policy.tokenizer import END, EOS, PAD, VOCAB_SIZE
+from rollstream.inference.tokenizer import END, EOS, PAD, VOCAB_SIZE
 
 MAX_MODEL_LEN = 2048
 MAX_LOGPROBS = 20  # vLLM's default --max-logprobs

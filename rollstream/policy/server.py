@@ -46,8 +46,9 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from rollstream.inference import POLICY_VERSION_HEADER
-from rollstream.policy.chat import EmbeddedChatTemplate
+from rollstream.inference.chat import EmbeddedChatTemplate
+from rollstream.inference.client import POLICY_VERSION_HEADER
+from rollstream.inference.tokenizer import ByteTokenizer
 from rollstream.policy.model import (
     DecodeBatch,
     SamplingParams,
@@ -57,7 +58,6 @@ from rollstream.policy.model import (
     check_context,
     load,
 )
-from rollstream.policy.tokenizer import ByteTokenizer
 from rollstream.vllm_middleware import VERSION_PATH
 
 log = logging.getLogger(__name__)

@@ -46,7 +46,7 @@ from rollstream.broker import with_broker
 from rollstream.events import POLICY_VERSION
 from rollstream.vllm_middleware import VERSION_PATH
 
-log = logging.getLogger("rollstream.controller")
+log = logging.getLogger("rollstream.inference.controller")
 
 LORA_PREFIX = "rollstream-policy-v"
 _LORA_NAME = re.compile(re.escape(LORA_PREFIX) + r"(\d+)$")
