@@ -9,12 +9,12 @@ import producers.cli
 import producers.harness_tasks
 import rollstream.broker.cli
 import rollstream.contracts
-import rollstream.demo
+import rollstream.dev.demo
+import rollstream.dev.scripted
 import rollstream.dlq
 import rollstream.envs.cli
 import rollstream.inference.controller
 import rollstream.policy.cli
-import rollstream.policy.scripted
 import rollstream.sandbox.cli
 import rollstream.stats
 import rollstream.status
@@ -32,13 +32,13 @@ FEATURE_MODULES = [
     stages.cli,
     trainer_bridge.cli,
     rollstream.policy.cli,
-    rollstream.policy.scripted,
+    rollstream.dev.scripted,
     rollstream.inference.controller,
     producers.cli,
     rollstream.envs.cli,
     producers.harness_tasks,
     rollstream.sandbox.cli,
-    rollstream.demo,
+    rollstream.dev.demo,
     rollstream.status,
     rollstream.dlq,
     rollstream.stats,

@@ -19,8 +19,8 @@ from rollstream import kafka
 from rollstream.codec import codec
 from rollstream.config import Settings
 from rollstream.inference.controller import Controller
-from rollstream.policy.model import build_model, save
-from rollstream.policy.server import BackgroundServer
+from rollstream.policy_server.app import BackgroundServer
+from rollstream.policy_server.model import build_model, save
 from rollstream.runtime import StageRuntime
 from rollstream.vllm_middleware import VERSION_PATH
 from stages.run import RunStage

@@ -16,7 +16,8 @@ import torch
 from rollstream.inference.chat import EmbeddedChatTemplate
 from rollstream.inference.client import POLICY_VERSION_HEADER, InferenceClient
 from rollstream.inference.tokenizer import ASSISTANT, END, EOS, USER, VOCAB_SIZE, ByteTokenizer
-from rollstream.policy.model import (
+from rollstream.policy_server.app import BackgroundServer
+from rollstream.policy_server.model import (
     ContextLengthError,
     DecodeBatch,
     SamplingParams,
@@ -26,7 +27,6 @@ from rollstream.policy.model import (
     load,
     save,
 )
-from rollstream.policy.server import BackgroundServer
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TEMPLATE = EmbeddedChatTemplate()

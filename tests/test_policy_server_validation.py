@@ -16,8 +16,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from rollstream.inference.chat import EmbeddedChatTemplate
-from rollstream.policy.model import SamplingParams, Sequence, build_model
-from rollstream.policy.server import BackgroundServer, Engine
+from rollstream.policy_server.app import BackgroundServer, Engine
+from rollstream.policy_server.model import SamplingParams, Sequence, build_model
 
 FIXTURES = Path(__file__).parent / "fixtures"
 PROMPT = EmbeddedChatTemplate().first_prompt("Say something.")

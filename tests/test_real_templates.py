@@ -20,9 +20,9 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 from transformers import PreTrainedTokenizerFast
 
 from rollstream.codec import unpack_ids
+from rollstream.dev.simulated import Fleet, SimulatedServer
 from rollstream.inference.chat import sample_count
 from rollstream.inference.hf_template import HFChatTemplate
-from rollstream.policy.simulated import Fleet, SimulatedServer
 from stages.run import RunStage, conversation
 from tests.run_helpers import guess_episodes, play, run_settings
 

@@ -10,10 +10,10 @@ from collections import Counter
 import pytest
 
 from rollstream.codec import unpack_ids
+from rollstream.dev.simulated import Fleet, SimulatedServer
 from rollstream.inference.chat import EmbeddedChatTemplate
 from rollstream.inference.controller import lora_name
 from rollstream.inference.routing import UNKNOWN_VERSION, Router, VersionUnknown
-from rollstream.policy.simulated import Fleet, SimulatedServer
 from rollstream.runtime import EventContext
 from stages.eval import EvalStage
 from stages.run import RunStage, conversation

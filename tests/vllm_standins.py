@@ -30,8 +30,8 @@ from typing import Any
 from aiohttp import web
 
 from rollstream.inference.client import POLICY_VERSION_HEADER
-from rollstream.policy.model import load
-from rollstream.policy.server import Engine, PolicyServer, _errors
+from rollstream.policy_server.app import Engine, PolicyServer, _errors
+from rollstream.policy_server.model import load
 from rollstream.vllm_middleware import VERSION_PATH
 
 MODEL = "Qwen/Qwen3-4B"

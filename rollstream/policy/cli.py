@@ -28,7 +28,7 @@ def register_cli(sub: Any) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from rollstream.policy.server import serve  # torch import only when serving
+    from rollstream.policy_server.app import serve  # torch import only when serving
 
     def ready(url: str) -> None:
         print(f"serving {args.model_name} on {url}", flush=True)

@@ -19,10 +19,10 @@ from confluent_kafka import Consumer, TopicPartition
 from rollstream import kafka
 from rollstream.codec import codec
 from rollstream.config import Settings
+from rollstream.dev.processes import ProcessGroup, free_port, wait_http
 from rollstream.envs.copy_letter import LETTERS, demo_tasks
 from rollstream.events import POLICY_VERSION, SCORED_TRAJECTORY
 from rollstream.graph import BY_ATTR, STAGES, input_of, partition_count
-from rollstream.processes import ProcessGroup, free_port, wait_http
 
 
 def write_base_policy(path: Path, alphabet: str = LETTERS, seed: int = 0) -> None:
@@ -30,7 +30,7 @@ def write_base_policy(path: Path, alphabet: str = LETTERS, seed: int = 0) -> Non
     import torch
 
     from rollstream.inference.tokenizer import END
-    from rollstream.policy.model import build_model, save
+    from rollstream.policy_server.model import build_model, save
 
     model = build_model(seed)
     with torch.no_grad():

@@ -16,7 +16,7 @@ Compatibility notes (vLLM 0.12+ behaviour, mirrored here):
 - Without `return_token_ids`, `token_ids`/`prompt_token_ids` are null (vLLM serializes every field).
 - Errors are `{"error": {"message", "type", "param", "code"}}` with the HTTP status in `code`; a
   prompt that does not fit max_model_len (alone, or with max_tokens) is a 400 worded like vLLM's.
-- Logprobs are of the distribution actually sampled from (see rollstream.policy.model), not raw.
+- Logprobs are of the distribution actually sampled from (see policy_server.model), not raw.
 
 Rollstream extension: every completions response carries the header X-Rollstream-Policy-Version,
 the version of the weights that produced all of its tokens. A reload stops admitting requests,
@@ -49,7 +49,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from rollstream.inference.chat import EmbeddedChatTemplate
 from rollstream.inference.client import POLICY_VERSION_HEADER
 from rollstream.inference.tokenizer import ByteTokenizer
-from rollstream.policy.model import (
+from rollstream.policy_server.model import (
     DecodeBatch,
     SamplingParams,
     Sequence,
@@ -580,7 +580,7 @@ def create_app(
 def build_app(engine: Any, model_name: str, root: str) -> web.Application:
     """The HTTP app around an engine: Engine, or anything with its interface (generate,
     start/stop, alive, max_model_len, vocab_size, the metric counters, load_weights), such as
-    the scripted policy's (rollstream.policy.scripted)."""
+    the scripted policy's (rollstream.dev.scripted)."""
     app = web.Application(middlewares=[_errors], client_max_size=16 * 1024**2)
     app.router.add_routes(PolicyServer(engine, model_name, root).routes())
 

@@ -18,8 +18,8 @@ import uuid
 from pathlib import Path
 
 from rollstream import config
+from rollstream.dev.loop import LoopConfig
 from rollstream.inference.chat import sample_count
-from rollstream.loop import LoopConfig
 
 
 def register_cli(sub: argparse._SubParsersAction) -> None:
@@ -47,7 +47,7 @@ def run_demo(args: argparse.Namespace) -> int:
 
     from producers.publish import publish
     from rollstream.broker import local
-    from rollstream.loop import ClosedLoop
+    from rollstream.dev.loop import ClosedLoop
     from rollstream.topics import create_topics, delete_topics
 
     console = Console()

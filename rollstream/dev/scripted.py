@@ -1,5 +1,5 @@
 """A scripted policy: vLLM's completions contract (the embedded server's own request and
-response code, rollstream.policy.server) with completions read from scripts instead of sampled.
+response code, rollstream.policy_server.app) with completions read from scripts instead of sampled.
 
 RUN cannot tell it from a model: it sends token ids, gets token ids, logprobs (0.0: the script
 is certain) and the stop token back. The server finds the episode's script from the prompt
@@ -35,7 +35,7 @@ class Script:
 
 
 class ScriptedEngine:
-    """Stands in for rollstream.policy.server.Engine: same interface, no model."""
+    """Stands in for rollstream.policy_server.app.Engine: same interface, no model."""
 
     policy_version = 0
     max_batch = 1
@@ -120,7 +120,7 @@ def swe_scripts(path: Path, fmt: str, gold: bool) -> list[Script]:
 
 def create_app(scripts: list[Script], max_model_len: int = DEFAULT_MAX_MODEL_LEN,
                model_name: str = "rollstream-scripted") -> Any:
-    from rollstream.policy.server import build_app
+    from rollstream.policy_server.app import build_app
 
     return build_app(ScriptedEngine(scripts, max_model_len), model_name, "scripted")
 
@@ -147,7 +147,7 @@ def register_cli(sub: Any) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from rollstream.policy.server import serve
+    from rollstream.policy_server.app import serve
 
     if args.script is not None:
         scripts = read_scripts(args.script)
