@@ -12,9 +12,9 @@ import aiohttp
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from rollstream.dev.background import BackgroundServer
 from rollstream.dev.processes import free_port
 from rollstream.inference.controller import Applied, apply_policy, current_version, lora_name
-from rollstream.policy_server.app import BackgroundServer
 from rollstream.policy_server.model import build_model, save
 from rollstream.vllm_middleware import VERSION_PATH, PolicyVersionMiddleware
 

@@ -18,8 +18,8 @@ from confluent_kafka import TopicPartition
 from rollstream import kafka
 from rollstream.codec import codec
 from rollstream.config import Settings
+from rollstream.dev.background import BackgroundServer
 from rollstream.inference.controller import Controller
-from rollstream.policy_server.app import BackgroundServer
 from rollstream.policy_server.model import build_model, save
 from rollstream.runtime import StageRuntime
 from rollstream.vllm_middleware import VERSION_PATH

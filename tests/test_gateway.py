@@ -20,13 +20,13 @@ import pytest
 
 import stages.run
 from rollstream.codec import unpack_ids
+from rollstream.dev.background import BackgroundServer
 from rollstream.dev.processes import free_port
 from rollstream.dev.scripted import Script, create_app
 from rollstream.envs.swe.tool_calls import ToolCall, hermes
 from rollstream.gateway.server import Gateway, GatewayEpisode
 from rollstream.inference.chat import EmbeddedChatTemplate
 from rollstream.inference.tokenizer import END, ByteTokenizer
-from rollstream.policy_server.app import BackgroundServer
 from rollstream.runtime import EventContext, Output
 from stages.run import RunStage
 from tests.run_helpers import run_settings

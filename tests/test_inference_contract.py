@@ -14,6 +14,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from rollstream.dev.background import BackgroundServer
 from rollstream.dev.simulated import Fleet, SimulatedServer
 from rollstream.inference.chat import EmbeddedChatTemplate
 from rollstream.inference.client import (
@@ -27,7 +28,6 @@ from rollstream.inference.client import (
     request_body,
 )
 from rollstream.inference.tokenizer import END
-from rollstream.policy_server.app import BackgroundServer
 
 FIXTURES = Path(__file__).parent / "fixtures"
 VLLM_REQUEST = json.loads((FIXTURES / "vllm_completion_request.json").read_text())

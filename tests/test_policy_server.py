@@ -13,10 +13,10 @@ import aiohttp
 import pytest
 import torch
 
+from rollstream.dev.background import BackgroundServer
 from rollstream.inference.chat import EmbeddedChatTemplate
 from rollstream.inference.client import POLICY_VERSION_HEADER, InferenceClient
 from rollstream.inference.tokenizer import ASSISTANT, END, EOS, USER, VOCAB_SIZE, ByteTokenizer
-from rollstream.policy_server.app import BackgroundServer
 from rollstream.policy_server.model import (
     ContextLengthError,
     DecodeBatch,

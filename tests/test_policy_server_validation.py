@@ -15,8 +15,9 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from rollstream.dev.background import BackgroundServer
 from rollstream.inference.chat import EmbeddedChatTemplate
-from rollstream.policy_server.app import BackgroundServer, Engine
+from rollstream.policy_server.engine import Engine
 from rollstream.policy_server.model import SamplingParams, Sequence, build_model
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -30,7 +30,8 @@ from typing import Any
 from aiohttp import web
 
 from rollstream.inference.client import POLICY_VERSION_HEADER
-from rollstream.policy_server.app import Engine, PolicyServer, _errors
+from rollstream.policy_server.app import PolicyServer, _errors
+from rollstream.policy_server.engine import Engine
 from rollstream.policy_server.model import load
 from rollstream.vllm_middleware import VERSION_PATH
 

@@ -1,5 +1,5 @@
 """A scripted policy: vLLM's completions contract (the embedded server's own request and
-response code, rollstream.policy_server.app) with completions read from scripts instead of sampled.
+response code, rollstream.policy_server.app) with completions read from scripts, not sampled.
 
 RUN cannot tell it from a model: it sends token ids, gets token ids, logprobs (0.0: the script
 is certain) and the stop token back. The server finds the episode's script from the prompt
@@ -35,7 +35,7 @@ class Script:
 
 
 class ScriptedEngine:
-    """Stands in for rollstream.policy_server.app.Engine: same interface, no model."""
+    """Stands in for rollstream.policy_server.engine.Engine: same interface, no model."""
 
     policy_version = 0
     max_batch = 1
