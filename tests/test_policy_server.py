@@ -16,11 +16,11 @@ import torch
 from rollstream.dev.background import BackgroundServer
 from rollstream.inference.chat import EmbeddedChatTemplate
 from rollstream.inference.client import POLICY_VERSION_HEADER, InferenceClient
+from rollstream.inference.sampling import SamplingParams
 from rollstream.inference.tokenizer import ASSISTANT, END, EOS, USER, VOCAB_SIZE, ByteTokenizer
 from rollstream.policy_server.model import (
     ContextLengthError,
     DecodeBatch,
-    SamplingParams,
     Sequence,
     build_model,
     generate,

@@ -46,7 +46,6 @@ from rollstream.inference.client import POLICY_VERSION_HEADER
 from rollstream.inference.tokenizer import ByteTokenizer
 from rollstream.policy_server.engine import Engine
 from rollstream.policy_server.model import (
-    SamplingParams,
     Sequence,
     build_model,
     check_context,
@@ -61,6 +60,7 @@ from rollstream.policy_server.protocol import (
     int_list,
     is_int,
     json_body,
+    sampling_params,
 )
 from rollstream.vllm_middleware import VERSION_PATH
 
@@ -110,22 +110,8 @@ class PolicyServer:
         if body.get("stop"):
             raise HTTPError("stop strings are not supported; use stop_token_ids.", param="stop")
         prompt_ids = self._prompt_ids(body.get("prompt"))
-        if "max_tokens" in body and body["max_tokens"] is None:  # vLLM: fill the context
-            max_tokens = max(self.max_model_len - len(prompt_ids), 1)
-        else:
-            max_tokens = field(body, "max_tokens", int, 16)  # vLLM's completions default
-        logprobs = field(body, "logprobs", int, None)
         try:
-            params = SamplingParams(
-                max_tokens=max_tokens,
-                temperature=field(body, "temperature", float, 1.0),
-                top_p=field(body, "top_p", float, 1.0),
-                top_k=field(body, "top_k", int, -1),
-                seed=field(body, "seed", int, None),
-                stop_token_ids=tuple(int_list(body, "stop_token_ids")),
-                ignore_eos=field(body, "ignore_eos", bool, False),
-                logprobs=logprobs or 0,
-            )
+            params = sampling_params(body, len(prompt_ids), self.max_model_len)
             check_context(len(prompt_ids), params.max_tokens, self.max_model_len)
         except ValueError as exc:  # ContextLengthError included: a 400, as in vLLM
             raise HTTPError(str(exc)) from exc
@@ -134,7 +120,7 @@ class PolicyServer:
         choice: dict[str, Any] = {
             "index": 0,
             "text": self._text(seq, body),
-            "logprobs": self._logprobs(seq, body) if logprobs is not None else None,
+            "logprobs": self._logprobs(seq, body) if body.get("logprobs") is not None else None,
             "finish_reason": seq.finish_reason,
             "stop_reason": seq.stop_reason,
             "token_ids": None,

@@ -9,6 +9,8 @@ from typing import Any
 
 from aiohttp import web
 
+from rollstream.inference.sampling import SamplingParams
+
 LOGPROB_FLOOR = -9999.0  # vLLM's JSON stand-in for -inf
 # Request fields this server accepts only at their neutral value (a client that pins them
 # explicitly, as Rollstream's does, still works; anything else would be silently wrong).
@@ -75,3 +77,24 @@ async def json_body(request: web.Request) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise HTTPError("the request body must be a JSON object.")
     return body
+
+
+def sampling_params(body: dict[str, Any], prompt_len: int, max_model_len: int) -> SamplingParams:
+    """A completions request's sampling: a field absent or null keeps SamplingParams' default
+    (the one place the defaults are set), as vLLM's server does. Raises ValueError (a 400) for
+    a value vLLM rejects."""
+    if "max_tokens" in body and body["max_tokens"] is None:  # vLLM: fill the context
+        max_tokens: int | None = max(max_model_len - prompt_len, 1)
+    else:
+        max_tokens = field(body, "max_tokens", int, None)
+    given = {
+        "max_tokens": max_tokens,
+        "temperature": field(body, "temperature", float, None),
+        "top_p": field(body, "top_p", float, None),
+        "top_k": field(body, "top_k", int, None),
+        "seed": field(body, "seed", int, None),
+        "ignore_eos": field(body, "ignore_eos", bool, None),
+        "logprobs": field(body, "logprobs", int, None),
+    }
+    return SamplingParams(stop_token_ids=tuple(int_list(body, "stop_token_ids")),
+                          **{name: value for name, value in given.items() if value is not None})
