@@ -1,43 +1,45 @@
-"""The `rollstream` command: one subcommand per feature, each registered by its own module."""
+"""The `rollstream` command: one subcommand per feature, each registered by its own module in
+this package (`python -m rollstream.cli` runs it too)."""
 
 from __future__ import annotations
 
 import argparse
-import sys
 
-import producers.cli
-import producers.harness_tasks
-import rollstream.broker.cli
 import rollstream.contracts
 import rollstream.dev.demo
 import rollstream.dev.scripted
 import rollstream.dlq
-import rollstream.envs.cli
 import rollstream.inference.controller
-import rollstream.policy.cli
-import rollstream.sandbox.cli
 import rollstream.stats
 import rollstream.status
 import rollstream.topics
-import stages.cli
-import trainer_bridge.cli
+from rollstream.cli import (
+    broker,
+    envs,
+    harness_tasks,
+    publish,
+    sandbox,
+    serve_policy,
+    stage,
+    train,
+)
 
 # Each module exposes register_cli(subparsers); it adds its parser(s) and sets `func`. Imported
 # explicitly (not by name) so the import-linter contracts in pyproject.toml see these edges.
 # Heavy imports (torch, aiohttp) stay inside the commands so `rollstream --help` is instant.
 FEATURE_MODULES = [
-    rollstream.broker.cli,
+    broker,
     rollstream.topics,
     rollstream.contracts,
-    stages.cli,
-    trainer_bridge.cli,
-    rollstream.policy.cli,
+    stage,
+    train,
+    serve_policy,
     rollstream.dev.scripted,
     rollstream.inference.controller,
-    producers.cli,
-    rollstream.envs.cli,
-    producers.harness_tasks,
-    rollstream.sandbox.cli,
+    publish,
+    envs,
+    harness_tasks,
+    sandbox,
     rollstream.dev.demo,
     rollstream.status,
     rollstream.dlq,
@@ -59,7 +61,3 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     return int(args.func(args) or 0)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

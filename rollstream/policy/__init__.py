@@ -1,1 +1,0 @@
-"""The embedded default policy: a tiny causal LM and a vLLM-compatible HTTP server for it."""
