@@ -83,7 +83,7 @@ class Waiting(Environment):
 
 def worker(argv: list[str]) -> None:
     """One stage process with the benchmark's environment registered."""
-    from rollstream.config import log_to_stderr
+    from rollstream.cli.common import log_to_stderr
     from rollstream.runtime import StageRuntime
 
     parser = argparse.ArgumentParser()

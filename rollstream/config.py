@@ -184,10 +184,3 @@ def load(args: argparse.Namespace | None = None, **overrides: Any) -> Settings:
                 values[f.name] = flag
     values.update(overrides)
     return replace(settings, **values)
-
-
-def log_to_stderr() -> None:
-    """The log format of every long-running Rollstream process."""
-    import logging
-
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")

@@ -5,22 +5,22 @@ from __future__ import annotations
 
 import argparse
 
-import rollstream.contracts
-import rollstream.dev.demo
-import rollstream.dev.scripted
-import rollstream.dlq
-import rollstream.inference.controller
-import rollstream.stats
-import rollstream.status
-import rollstream.topics
 from rollstream.cli import (
     broker,
+    controller,
+    demo,
+    dlq,
     envs,
     harness_tasks,
     publish,
     sandbox,
+    schemas,
     serve_policy,
+    serve_scripted,
     stage,
+    stats,
+    status,
+    topics,
     train,
 )
 
@@ -29,21 +29,21 @@ from rollstream.cli import (
 # Heavy imports (torch, aiohttp) stay inside the commands so `rollstream --help` is instant.
 FEATURE_MODULES = [
     broker,
-    rollstream.topics,
-    rollstream.contracts,
+    topics,
+    schemas,
     stage,
     train,
     serve_policy,
-    rollstream.dev.scripted,
-    rollstream.inference.controller,
+    serve_scripted,
+    controller,
     publish,
     envs,
     harness_tasks,
     sandbox,
-    rollstream.dev.demo,
-    rollstream.status,
-    rollstream.dlq,
-    rollstream.stats,
+    demo,
+    status,
+    dlq,
+    stats,
 ]
 
 

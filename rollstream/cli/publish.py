@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from rollstream import config
-from rollstream.broker import with_broker
+from rollstream.cli import common
 
 
 def parse_time_ms(text: str) -> int:
@@ -37,7 +37,7 @@ def run_publish(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(f"{len(tasks)} tasks valid in {args.file} (dry run: nothing sent)")
         return 0
-    settings = with_broker(config.load(args))
+    settings = common.settings(args)
     sent = publish(settings, tasks)
     print(f"sent {sent} tasks to {settings.topics.tasks}")
     return 0
@@ -48,7 +48,7 @@ def run_replay(args: argparse.Namespace) -> int:
 
     try:
         count = replay(
-            with_broker(config.load(args)),
+            common.settings(args),
             args.topic,
             start_offset=args.from_offset,
             end_offset=args.to_offset,

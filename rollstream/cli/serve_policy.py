@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
 from typing import Any
+
+from rollstream.cli import common
 
 
 def register_cli(sub: Any) -> None:
@@ -33,16 +33,6 @@ def _serve(args: argparse.Namespace) -> int:
     def ready(url: str) -> None:
         print(f"serving {args.model_name} on {url}", flush=True)
 
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(
-            serve(
-                args.host,
-                args.port,
-                ready=ready,
-                model_path=args.checkpoint,
-                model_name=args.model_name,
-                max_batch=args.max_batch,
-                seed=args.seed,
-            )
-        )
-    return 0
+    return common.run_async(serve(args.host, args.port, ready=ready, model_path=args.checkpoint,
+                                  model_name=args.model_name, max_batch=args.max_batch,
+                                  seed=args.seed))

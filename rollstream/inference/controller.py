@@ -31,7 +31,6 @@ the newest version to servers that do not report it (one that was down, or newly
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 import re
@@ -41,8 +40,7 @@ from typing import Any
 
 import aiohttp
 
-from rollstream import config, metrics
-from rollstream.broker import with_broker
+from rollstream import config
 from rollstream.events import POLICY_VERSION
 from rollstream.vllm_middleware import VERSION_PATH
 
@@ -340,37 +338,3 @@ class Controller:
             if r.ok:
                 self.applied[r.server] = r.version
         return results
-
-
-def register_cli(sub: Any) -> None:
-    parser = sub.add_parser(
-        "controller", help="apply each policy version on <prefix>.policy to every server",
-        description="Consume <prefix>.policy and load each new PolicyVersion into every "
-                    "inference server in --policy-url / --policy-url-file: LoRA adapters via "
-                    "/v1/load_lora_adapter, full weights via the embedded server's "
-                    "/v1/load_weights or vLLM's dev-mode pause / reload_weights / resume "
-                    "(vLLM 0.33: from the event's path, with native weight labels; vLLM "
-                    "0.12: in place, from the path the server was started with).")
-    config.add_arguments(parser)
-    parser.set_defaults(func=_run)
-
-
-def _run(args: argparse.Namespace) -> int:
-    import contextlib
-    import signal
-
-
-    config.log_to_stderr()
-    settings = with_broker(config.load(args))
-    metrics.serve(settings.metrics_port)
-    controller = Controller(settings)
-
-    async def main() -> None:
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, controller.stop)
-        await controller.serve()
-
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(main())
-    return 0
