@@ -18,13 +18,10 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from rollstream import events
+from rollstream.wire import MAX_MESSAGE_BYTES
 
 MIB = 1024 * 1024
 DAY_MS = 24 * 3600 * 1000
-# Largest event on the trajectory path. A 32k-token trajectory (int32 ids + float32 logprobs) is
-# about 256 KiB plus its text; long multi-turn episodes with big tool outputs need far more.
-# Producers and consumers on these topics must allow it too (librdkafka's message.max.bytes).
-MAX_MESSAGE_BYTES = 16 * MIB
 
 # Consumer groups (each named <prefix>.<group>, see Topics.group).
 INIT, RUN, EVAL, BRIDGE, STATS = "init", "run", "eval", "bridge", "stats"

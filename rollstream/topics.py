@@ -5,7 +5,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from rollstream.graph import GRAPH, MAX_MESSAGE_BYTES, Topic, Topics, partition_count
+from rollstream.graph import GRAPH, Topic, Topics, partition_count
+from rollstream.wire import MAX_MESSAGE_BYTES
 
 __all__ = ["MAX_MESSAGE_BYTES", "TOPIC_SPECS", "create_topics", "delete_topics", "describe_topics"]
 

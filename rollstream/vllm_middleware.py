@@ -1,10 +1,10 @@
 """An ASGI middleware for vLLM's server that stamps each completion with the policy version.
 
 vLLM does not say which weights produced a response. Loaded with
-`vllm serve ... --middleware rollstream.vllm_middleware.PolicyVersionMiddleware` (this file needs
-only the standard library, so it can be mounted into the vLLM image), every /v1/completions
-response carries `X-Rollstream-Policy-Version`, as the embedded policy server's do, and
-`POST /rollstream/policy_version {"version": N | null}` sets it (GET reads it).
+`vllm serve ... --middleware rollstream.vllm_middleware.PolicyVersionMiddleware` (this file and
+`rollstream.wire` need only the standard library, so they can be mounted into the vLLM image),
+every /v1/completions response carries `X-Rollstream-Policy-Version`, as the embedded policy
+server's do, and `POST /rollstream/policy_version {"version": N | null}` sets it (GET reads it).
 
 For vLLM releases without weight labels (0.12). vLLM 0.33 labels responses itself
 (`choices[].weight_versions`), and the controller uses that instead: this middleware's stamp is
@@ -27,8 +27,9 @@ import os
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-VERSION_PATH = "/rollstream/policy_version"
-HEADER = b"x-rollstream-policy-version"  # the client's POLICY_VERSION_HEADER, lowercased
+from rollstream.wire import POLICY_VERSION_HEADER, VERSION_PATH
+
+HEADER = POLICY_VERSION_HEADER.lower().encode()  # ASGI header names are lowercase bytes
 STAMPED_PATHS = ("/v1/completions", "/v1/chat/completions")
 
 Scope = MutableMapping[str, Any]

@@ -14,9 +14,10 @@ from aiohttp.test_utils import TestServer
 
 from rollstream.dev.background import BackgroundServer
 from rollstream.dev.processes import free_port
-from rollstream.inference.controller import Applied, apply_policy, current_version, lora_name
+from rollstream.inference.controller import Applied, apply_policy, current_version
 from rollstream.policy_server.model import build_model, save
-from rollstream.vllm_middleware import VERSION_PATH, PolicyVersionMiddleware
+from rollstream.vllm_middleware import PolicyVersionMiddleware
+from rollstream.wire import VERSION_PATH, lora_name
 
 
 def policy_event(version: int, uri: str, kind: str = "full") -> dict:

@@ -22,7 +22,7 @@ from rollstream.dev.background import BackgroundServer
 from rollstream.inference.controller import Controller
 from rollstream.policy_server.model import build_model, save
 from rollstream.runtime import StageRuntime
-from rollstream.vllm_middleware import VERSION_PATH
+from rollstream.wire import VERSION_PATH
 from stages.run import RunStage
 from tests.run_helpers import guess_episodes
 

@@ -15,7 +15,7 @@ import torch
 
 from rollstream.dev.background import BackgroundServer
 from rollstream.inference.chat import EmbeddedChatTemplate
-from rollstream.inference.client import POLICY_VERSION_HEADER, InferenceClient
+from rollstream.inference.client import InferenceClient
 from rollstream.inference.sampling import SamplingParams
 from rollstream.inference.tokenizer import ASSISTANT, END, EOS, USER, VOCAB_SIZE, ByteTokenizer
 from rollstream.policy_server.model import (
@@ -27,6 +27,7 @@ from rollstream.policy_server.model import (
     load,
     save,
 )
+from rollstream.wire import POLICY_VERSION_HEADER
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TEMPLATE = EmbeddedChatTemplate()

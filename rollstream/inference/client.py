@@ -28,9 +28,8 @@ from typing import Any
 import aiohttp
 
 from rollstream.inference.sampling import SAMPLING_DEFAULTS
+from rollstream.wire import POLICY_VERSION_HEADER
 
-# Rollstream extension header: the policy version that produced a completion; real vLLM lacks it.
-POLICY_VERSION_HEADER = "X-Rollstream-Policy-Version"
 _OVERFLOW = re.compile(r"maximum context length|maximum model length|max_model_len", re.I)
 _MAX_LEN = re.compile(r"maximum (?:context|model) length (?:is|of) (\d+)", re.I)
 _PROMPT_LEN = re.compile(r"(\d+) input tokens|prompt \(length (\d+)\)", re.I)

@@ -42,22 +42,10 @@ import aiohttp
 
 from rollstream import config
 from rollstream.events import POLICY_VERSION
-from rollstream.vllm_middleware import VERSION_PATH
+from rollstream.wire import VERSION_PATH, lora_name, lora_version
 
 log = logging.getLogger("rollstream.inference.controller")
 
-LORA_PREFIX = "rollstream-policy-v"
-_LORA_NAME = re.compile(re.escape(LORA_PREFIX) + r"(\d+)$")
-
-
-def lora_name(version: int) -> str:
-    return f"{LORA_PREFIX}{version}"
-
-
-def lora_version(model_id: str) -> int | None:
-    """The policy version of a LoRA adapter named by `lora_name`, else None."""
-    match = _LORA_NAME.match(model_id)
-    return int(match.group(1)) if match else None
 
 
 class ApplyError(RuntimeError):

@@ -41,7 +41,7 @@ from rollstream.inference.client import (
     ServerError,
     ServerUpdating,
 )
-from rollstream.inference.controller import lora_version
+from rollstream.wire import lora_version
 
 log = logging.getLogger("rollstream.inference.routing")
 

@@ -42,7 +42,6 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from rollstream.inference.chat import EmbeddedChatTemplate
-from rollstream.inference.client import POLICY_VERSION_HEADER
 from rollstream.inference.tokenizer import ByteTokenizer
 from rollstream.policy_server.engine import Engine
 from rollstream.policy_server.model import (
@@ -62,7 +61,7 @@ from rollstream.policy_server.protocol import (
     json_body,
     sampling_params,
 )
-from rollstream.vllm_middleware import VERSION_PATH
+from rollstream.wire import POLICY_VERSION_HEADER, VERSION_PATH
 
 log = logging.getLogger(__name__)
 
