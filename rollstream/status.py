@@ -20,10 +20,8 @@ from typing import Any
 from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from rollstream import kafka
-from rollstream.codec import DecodeError, codec
+from rollstream import kafka, policy_versions
 from rollstream.config import Settings
-from rollstream.events import POLICY_VERSION
 from rollstream.graph import BRIDGE, STAGES, input_of
 
 EXACT_LAG_LIMIT = 20_000
@@ -106,14 +104,7 @@ class Inspector:
                                                      cached=False)
         # Each version is one record and one transaction marker: the newest is in the last few.
         tail = [TopicPartition(topic, 0, max(low, high - 10))]
-        newest = None
-        for msg in kafka.read_partitions(self.settings, tail):
-            try:
-                event = codec().decode_as(POLICY_VERSION, msg.value())
-            except DecodeError:
-                continue
-            if newest is None or event["version"] > newest["version"]:
-                newest = event
+        newest = policy_versions.latest(self.settings, tail)
         if newest is None:
             return None
         return {"version": newest["version"], "uri": newest["uri"],

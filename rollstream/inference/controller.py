@@ -41,7 +41,6 @@ from typing import Any
 import aiohttp
 
 from rollstream import config
-from rollstream.events import POLICY_VERSION
 from rollstream.wire import VERSION_PATH, lora_name, lora_version
 
 log = logging.getLogger("rollstream.inference.controller")
@@ -271,14 +270,12 @@ class Controller:
     """Consumes <p>.policy and keeps every server on the newest version (see module doc)."""
 
     def __init__(self, settings: config.Settings) -> None:
-        from confluent_kafka import OFFSET_BEGINNING, TopicPartition
-
-        from rollstream import kafka  # confluent-kafka only where the service runs
+        # confluent-kafka only where the service runs
+        from rollstream.policy_versions import PolicyReader
 
         self.settings = settings
-        # No group: every controller reads the whole (one-partition) topic, newest version wins.
-        self.consumer = kafka.reader(
-            settings, [TopicPartition(settings.topics.policy, 0, OFFSET_BEGINNING)])
+        # No group: every controller reads the whole topic, newest version wins.
+        self.reader = PolicyReader(settings)
         self.latest: dict | None = None
         self.applied: dict[str, int] = {}
         self._stopping = False
@@ -287,31 +284,21 @@ class Controller:
         self._stopping = True
 
     async def serve(self) -> None:
-        from rollstream.codec import DecodeError, codec
-
         timeout = aiohttp.ClientTimeout(total=max(600.0, self.settings.request_timeout_s))
         async with aiohttp.ClientSession(timeout=timeout) as session:
             next_check = 0.0
             try:
                 while not self._stopping:
-                    for msg in self.consumer.consume(100, timeout=0):
-                        if msg.error() is not None:
-                            continue
-                        try:
-                            event = codec().decode_as(POLICY_VERSION, msg.value())
-                        except DecodeError as exc:
-                            log.warning("skipping an undecodable policy event: %s", exc)
-                            continue
-                        if self.latest is None or event["version"] > self.latest["version"]:
-                            self.latest = event
-                            next_check = 0.0  # apply now
+                    if self.reader.poll():
+                        self.latest = self.reader.latest
+                        next_check = 0.0  # apply now
                     now = asyncio.get_running_loop().time()
                     if self.latest is not None and now >= next_check:
                         await self.reconcile(session)
                         next_check = now + self.settings.health_interval_s
                     await asyncio.sleep(0.1)
             finally:
-                self.consumer.close()
+                self.reader.close()
 
     async def reconcile(self, session: aiohttp.ClientSession) -> list[Applied]:
         """Apply the newest version to every listed server that does not report it."""
