@@ -21,6 +21,7 @@ from rollstream import kafka
 from rollstream.codec import DecodeError, codec
 from rollstream.config import Settings
 from rollstream.events import DEAD_LETTER
+from rollstream.graph import BY_ATTR, partition_count
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,7 @@ class DeadLetter:
 
 
 def ledger_topic(settings: Settings) -> str:
-    return f"{settings.topics.dlq}-redriven"
+    return settings.topics.dlq_redriven
 
 
 def _partitions(settings: Settings, topic: str) -> list[TopicPartition] | None:
@@ -99,11 +100,13 @@ def decoded(letter: DeadLetter) -> dict:
 
 
 def ensure_ledger(settings: Settings) -> None:
+    """Create the ledger as the graph declares it, for topics made before the graph had it."""
     from confluent_kafka.admin import AdminClient, NewTopic
 
+    spec = BY_ATTR["dlq_redriven"]
     admin = AdminClient(settings.kafka())
-    topic = NewTopic(ledger_topic(settings), num_partitions=1, replication_factor=1,
-                     config={"cleanup.policy": "compact"})
+    topic = NewTopic(ledger_topic(settings), num_partitions=partition_count(spec, 1),
+                     replication_factor=1, config=spec.config)
     try:
         admin.create_topics([topic])[topic.topic].result(timeout=60)
     except KafkaException as exc:

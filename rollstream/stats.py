@@ -133,7 +133,6 @@ def build_app(settings: Settings, web_port: int, datadir: Path, partitions: int,
               web_host: str = "127.0.0.1") -> Any:
     import faust
 
-    prefix = settings.prefix
     app = faust.App(
         settings.topics.group(STATS),  # the app id is its consumer group
         broker=[f"kafka://{b}" for b in settings.bootstrap_servers.split(",")],
@@ -154,8 +153,8 @@ def build_app(settings: Settings, web_port: int, datadir: Path, partitions: int,
     trajectories = app.topic(topics.trajectories, value_type=bytes, **raw)
     dlq = app.topic(topics.dlq, value_type=bytes, **raw)
     policy = app.topic(topics.policy, value_type=bytes, **raw)
-    stats_topic = app.topic(f"{prefix}.stats", partitions=1, compacting=True, internal=True,
-                            **raw)
+    # Declared in the graph (`topics create` makes it); faust creates it alike if it is missing.
+    stats_topic = app.topic(topics.stats, partitions=1, compacting=True, internal=True, **raw)
     table = {"key_type": str, "value_type": float, "default": float, "partitions": partitions}
     total = app.Table("totals", **table)
     tumbling = app.Table("tumbling-10s", **table).tumbling(
