@@ -4,13 +4,12 @@ server."""
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
 from rollstream import config
 from rollstream.cli import common
 
 
-def register_cli(sub: Any) -> None:
+def register_cli(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
         "controller", help="apply each policy version on <prefix>.policy to every server",
         description="Consume <prefix>.policy and load each new PolicyVersion into every "

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import sys
 from datetime import UTC, datetime
-from typing import Any
 
 from rollstream import config
 from rollstream.cli import common
@@ -69,7 +68,7 @@ def run_replay(args: argparse.Namespace) -> int:
     return 0
 
 
-def register_cli(sub: Any) -> None:
+def register_cli(sub: argparse._SubParsersAction) -> None:
     """Add `publish` and `replay` to the `rollstream` command's subparsers."""
     # producers.publish is not imported here for its FORMATS: it pulls in numpy and fastavro,
     # and `rollstream --help` should stay instant. load_tasks rejects an unknown format.

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
 
 import schemas
 from rollstream import contracts
@@ -32,7 +31,7 @@ def _export_cmd(args: argparse.Namespace) -> int:
     return 0
 
 
-def register_cli(sub: Any) -> None:
+def register_cli(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("schemas", description=contracts.__doc__,
                        help="Check schema evolution; export schemas for other languages.")
     inner = p.add_subparsers(dest="schemas_command", metavar="ACTION", required=True)

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
 from rollstream.cli import common
 
 
-def register_cli(sub: Any) -> None:
+def register_cli(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "serve-policy",
         help="serve the embedded tiny policy over vLLM's OpenAI-compatible API",

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
 
 from rollstream.cli import common
 from rollstream.dev.scripted import create_app, read_scripts, swe_scripts
 
 
-def register_cli(sub: Any) -> None:
+def register_cli(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "serve-scripted",
         help="serve scripted completions over vLLM's API (tests, demos)",

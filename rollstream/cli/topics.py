@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
 from rollstream import config
 from rollstream.cli import common
@@ -42,7 +41,7 @@ def _list(args: argparse.Namespace) -> int:
     return 0
 
 
-def register_cli(sub: Any) -> None:
+def register_cli(sub: argparse._SubParsersAction) -> None:
     """Add `topics create|list` to the `rollstream` command's subparsers."""
     parser = sub.add_parser(
         "topics",
