@@ -27,5 +27,3 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
                         help="keep this run's topics (to replay them) instead of deleting them")
     config.add_arguments(parser)
     parser.set_defaults(func=demo.run_demo)
-
-

@@ -46,7 +46,6 @@ from rollstream.wire import VERSION_PATH, lora_name, lora_version
 log = logging.getLogger("rollstream.inference.controller")
 
 
-
 class ApplyError(RuntimeError):
     """A server refused or failed a step of a weight update; the message names the step."""
 
