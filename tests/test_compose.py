@@ -23,7 +23,7 @@ from rollstream import config, kafka
 from rollstream.codec import codec
 from rollstream.envs.copy_letter import demo_tasks
 from rollstream.events import POLICY_VERSION
-from rollstream.vllm_middleware import VERSION_PATH
+from rollstream.wire import VERSION_PATH
 
 ROOT = Path(__file__).resolve().parents[1]
 IMAGES = ("rollstream/app:local", "rollstream/kafka:local", "rollstream/prometheus:local")

@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from producers.publish import publish, validate_task
 from rollstream import kafka
 from rollstream.config import Settings
-from rollstream.processes import ProcessGroup, free_port
+from rollstream.dev.processes import ProcessGroup, free_port
 
 
 def scrape(port: int) -> dict[tuple[str, tuple], float]:
@@ -122,8 +122,8 @@ def test_the_controller_serves_its_updates(settings: Settings, tmp_path: Path) -
     """A real controller process, one live embedded server and one that is down: the version
     applied, the update latency and the failures per server, the servers that answer."""
     from rollstream.codec import codec
-    from rollstream.policy.model import build_model, save
-    from rollstream.policy.server import BackgroundServer
+    from rollstream.dev.background import BackgroundServer
+    from rollstream.policy_server.model import build_model, save
 
     checkpoint = tmp_path / "step-1.safetensors"
     save(build_model(seed=1), checkpoint, version=1)

@@ -7,8 +7,8 @@ import json
 import statistics
 from pathlib import Path
 
-from rollstream import config, metrics
-from rollstream.broker import with_broker
+from rollstream import config
+from rollstream.cli import common
 from rollstream.graph import PRINTER
 
 
@@ -78,9 +78,7 @@ def run_train(args: argparse.Namespace) -> int:
     from trainer_bridge.train_loop import train
     from trainer_bridge.trainer import GRPOConfig
 
-    config.log_to_stderr()
-    settings = with_broker(config.load(args))
-    metrics.serve(settings.metrics_port)
+    settings = common.start_service(args)
     policy = GroupPolicy(normalize_std=not args.dr_grpo, max_staleness=args.max_staleness,
                          group_timeout_s=args.group_timeout, incomplete=args.incomplete,
                          drop_zero_variance=not args.keep_zero_variance)
@@ -95,7 +93,7 @@ def run_train(args: argparse.Namespace) -> int:
 def run_bridge(args: argparse.Namespace) -> int:
     from trainer_bridge.bridge import TrainerBridge
 
-    settings = with_broker(config.load(args))
+    settings = common.settings(args)
     group = args.group or settings.topics.group(PRINTER)
     with TrainerBridge(settings, groups_per_batch=args.groups_per_batch, group=group) as bridge:
         for batch in bridge.batches(args.max_batches, args.idle_timeout):
