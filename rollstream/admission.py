@@ -23,12 +23,8 @@ import threading
 import time
 from collections import deque
 
-from confluent_kafka import OFFSET_BEGINNING, TopicPartition
-
-from rollstream import kafka
-from rollstream.codec import DecodeError, codec
 from rollstream.config import Settings
-from rollstream.events import POLICY_VERSION
+from rollstream.policy_versions import PolicyReader
 
 # The PolicyVersion metric in which the trainer (trainer_bridge.train_loop) reports the groups
 # it is done with: the one place this name is defined.
@@ -41,29 +37,21 @@ class PolicyFollower:
     def __init__(self, settings: Settings) -> None:
         self.version = -1
         self.consumed = 0
-        self._consumer = kafka.reader(
-            settings, [TopicPartition(settings.topics.policy, 0, OFFSET_BEGINNING)])
+        self._reader = PolicyReader(settings)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._follow, name="policy-follower", daemon=True)
         self._thread.start()
 
     def _follow(self) -> None:
         while not self._stop.is_set():
-            msg = self._consumer.poll(0.2)
-            if msg is None or msg.error() is not None:
-                continue
-            try:
-                event = codec().decode_as(POLICY_VERSION, msg.value())
-            except DecodeError:
-                continue  # not ours to judge here; the policy topic's writers are trusted
-            if event["version"] > self.version:
+            for event in self._reader.poll(0.2):
                 self.version = event["version"]
                 self.consumed = int(event["metrics"].get(CONSUMED, self.consumed))
 
     def close(self) -> None:
         self._stop.set()
         self._thread.join(5)
-        self._consumer.close()
+        self._reader.close()
 
 
 class AdmissionGate:

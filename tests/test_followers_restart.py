@@ -21,9 +21,9 @@ from rollstream.admission import CONSUMED
 from rollstream.broker import local
 from rollstream.codec import codec
 from rollstream.config import Settings, load
-from rollstream.policy.model import build_model, save
-from rollstream.policy.server import BackgroundServer
-from rollstream.processes import ProcessGroup
+from rollstream.dev.background import BackgroundServer
+from rollstream.dev.processes import ProcessGroup
+from rollstream.policy_server.model import build_model, save
 from rollstream.topics import create_topics
 from tests.test_broker_restart import kill_broker, own_broker  # noqa: F401 - the fixture
 from tests.test_controller_policy import served_version, wait

@@ -8,8 +8,8 @@ import logging
 import statistics
 from pathlib import Path
 
-from rollstream import config, metrics
-from rollstream.broker import with_broker
+from rollstream import config
+from rollstream.cli import common
 from rollstream.graph import PRINTER
 
 
@@ -79,9 +79,7 @@ def run_train(args: argparse.Namespace) -> int:
     from trainer_bridge.train_loop import train
     from trainer_bridge.trainer import GRPOConfig
 
-    config.log_to_stderr()
-    settings = with_broker(config.load(args))
-    metrics.serve(settings.metrics_port)
+    settings = common.start_service(args)
     policy = GroupPolicy(normalize_std=not args.dr_grpo, max_staleness=args.max_staleness,
                          group_timeout_s=args.group_timeout, incomplete=args.incomplete,
                          drop_zero_variance=not args.keep_zero_variance)
@@ -97,8 +95,8 @@ def run_bridge(args: argparse.Namespace) -> int:
     from rollstream.checkpoint import Rewind
     from trainer_bridge.bridge import TrainerBridge
 
-    config.log_to_stderr()
-    settings = with_broker(config.load(args))
+    common.log_to_stderr()
+    settings = common.settings(args)
     group = args.group or settings.topics.group(PRINTER)
     printed = 0
     while args.max_batches is None or printed < args.max_batches:
