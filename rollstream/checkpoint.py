@@ -25,6 +25,11 @@ commit through `Checkpoint`. What it guarantees, and what each kind of Kafka err
   abandoned (with its producer) when it has not returned after HUNG_S or by the caller's
   deadline, so a stop request is honoured by its deadline even when the client does not
   return.
+- While a call is out, the caller's `serve` runs every quarter second: the stage runtime keeps
+  its consumer's group membership alive there (a member that leaves a rebalance callback
+  unserved stops heartbeating and loses its partitions to the session timeout, which then
+  costs a full rebalance). When `serve` says the transaction is no longer wanted (the
+  partitions were lost meanwhile) the call is abandoned at once instead of after HUNG_S.
 """
 
 from __future__ import annotations
@@ -49,11 +54,12 @@ CALL_TIMEOUT_S = 5.0  # the timeout given to each blocking Kafka call
 # one reaches this; until then a crashed process's open transaction holds back read_committed
 # readers downstream, so shorter than the 15 s of other producers (rollstream.kafka).
 TRANSACTION_TIMEOUT_MS = 10_000
-# A call not back after this long is abandoned: librdkafka bounds transactional requests by
-# transaction.timeout.ms, whatever the call's own timeout, so a call still out after that waits
-# on a coordinator that is gone; each second more of waiting is a second the whole stage stands
-# still after a broker dies.
-HUNG_S = 12.0
+# A call not back after this long is abandoned: each is given CALL_TIMEOUT_S, so one still out
+# well past it waits on a coordinator that is gone (after an active-controller kill
+# send_offsets_to_transaction kept waiting on the dead group coordinator until it restarted,
+# though another node had taken the group over). A new producer looks the coordinators up
+# afresh, and each second more of waiting is a second the whole stage stands still.
+HUNG_S = CALL_TIMEOUT_S + 3.0
 RETRY_S = 30.0  # how long retriable commit errors are retried before the transaction is aborted
 # Two live processes with one id fence each other at every commit, so they reach the limit in
 # seconds; a broker fault fences a process at most once (its transaction timed out while the
@@ -132,12 +138,14 @@ class Checkpoint:
     """A transactional producer that commits outputs with input offsets (see module doc).
 
     `deadline()` returns the monotonic time by which blocking work must give up (a draining
-    process), or None."""
+    process), or None; `serve()` runs while a blocking call is out, True: abandon it."""
 
     def __init__(self, settings: Settings, transactional_id: str,
                  deadline: Callable[[], float | None] = lambda: None,
-                 call_timeout_s: float = CALL_TIMEOUT_S, retry_s: float = RETRY_S) -> None:
+                 call_timeout_s: float = CALL_TIMEOUT_S, retry_s: float = RETRY_S,
+                 serve: Callable[[], bool] = lambda: False) -> None:
         self.settings = settings
+        self.serve = serve  # see the module doc
         self.transactional_id = transactional_id
         self.deadline = deadline
         self.call_timeout_s = call_timeout_s
@@ -307,10 +315,11 @@ class Checkpoint:
 
     def _call(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
         """One blocking transactional call, run in a thread of its own: after broker restarts a
-        call was seen not to return for minutes whatever its timeout. Past HUNG_S, or the
-        caller's deadline, the producer is abandoned (never destroyed while the call runs; the
-        next producer's initialization fences it) and a fatal error raised, so the caller
-        rewinds on a new producer."""
+        call was seen not to return for minutes whatever its timeout. Past HUNG_S, the
+        caller's deadline, or when `serve()` says the transaction is no longer wanted, the
+        producer is abandoned (never destroyed while the call runs; the next producer's
+        initialization fences it) and a fatal error raised, so the caller rewinds on a new
+        producer."""
         result: list[tuple[bool, Any]] = []
 
         def run() -> None:
@@ -324,12 +333,14 @@ class Checkpoint:
         started = time.monotonic()
         while thread.is_alive():
             thread.join(0.25)
+            if not thread.is_alive():
+                break
+            unwanted = self.serve()
             deadline = self.deadline()
             now = time.monotonic()
-            if thread.is_alive() and (now - started > HUNG_S or (
-                    deadline is not None and now > deadline)):
-                log.warning("%s did not return in %.0f s; abandoning the producer", what,
-                            now - started)
+            if unwanted or now - started > HUNG_S or (deadline is not None and now > deadline):
+                log.warning("%s did not return in %.0f s%s; abandoning the producer", what,
+                            now - started, " and is no longer wanted" if unwanted else "")
                 self._abandoned.append(self.producer)
                 self.producer = None
                 self.in_txn = False

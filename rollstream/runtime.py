@@ -181,7 +181,7 @@ class StageRuntime:
         self.group = settings.topics.group(stage.name)
         self.drain_timeout_s = drain_timeout_s
         self.checkpoint = Checkpoint(settings, kafka.process_id(settings, self.group),
-                                     deadline=self._deadline)
+                                     deadline=self._deadline, serve=self._serve_group)
         self.consumer = self._new_consumer()
         self.codec = codec()
         self.stats: Counter[str] = Counter()
@@ -203,6 +203,7 @@ class StageRuntime:
         self._consumer_fences = FenceCounter(f"consumer of group {self.group}")
         self._consumer_failed: KafkaError | None = None
         self._needs_rewind = False
+        self._committing = False  # the main loop's commit is out (see _serve_group)
         self._stopping = False
         self._stop_at: float | None = None
         self._idle = True
@@ -485,7 +486,11 @@ class StageRuntime:
         if elapsed_ms >= self.settings.commit_interval_ms or (
                 self._idle and elapsed_ms >= IDLE_COMMIT_MS):
             self._last_commit = now
-            self._commit()
+            self._committing = True
+            try:
+                self._commit()
+            finally:
+                self._committing = False
         if now - self._last_report >= 10:
             self._last_report = now
             log.info("stage %s: %s, %d in flight", self.stage.name, dict(self.stats),
@@ -505,6 +510,24 @@ class StageRuntime:
         self.metrics.committed(time.monotonic() - started)
         for prog in dirty.values():
             prog.dirty = False
+
+    def _serve_group(self) -> bool:
+        """While the main loop's commit waits on the cluster (a coordinator moving): serve the
+        consumer, so a rebalance meanwhile is answered and the group keeps us, taking no events
+        (every partition paused). True when the transaction is no longer wanted: its partitions
+        were lost, or the consumer failed; the commit is then abandoned at once."""
+        if not self._committing:  # a commit from a rebalance callback, or the last one
+            return False
+        self._apply_backpressure(0)
+        msg = self.consumer.poll(0)
+        if msg is not None:
+            err = msg.error()
+            if err is None:
+                # Paused partitions hand out nothing; should one have, it was not handled.
+                self._needs_rewind = True
+            elif fatal(err):
+                self._consumer_failed = err
+        return self._needs_rewind or self._consumer_failed is not None
 
     def _forget_work(self) -> list[int]:
         """Drop in-flight work and progress (nothing of it is committed); the partitions held."""
@@ -603,7 +626,8 @@ class StageRuntime:
                 task.cancel()
                 del self._tasks[task]
         try:
-            self._commit()
+            if not self._committing:  # else the commit under way commits them, or rewinds
+                self._commit()
         except Rewind:
             self._needs_rewind = True  # the partitions we keep are redone from their commits
         except Stopped:
@@ -630,8 +654,10 @@ class StageRuntime:
         log.warning("stage %s: lost %s", self.stage.name, [tp.partition for tp in partitions])
         self.metrics.rebalanced("lost")
         self._forget_partitions({tp.partition for tp in partitions})
-        # What the open transaction holds may be for the lost partitions: it must not commit.
-        self.checkpoint.abort()
+        # What the open transaction holds may be for the lost partitions: it must not commit
+        # (a commit under way is abandoned: see _serve_group).
+        if not self._committing:
+            self.checkpoint.abort()
         self._needs_rewind = True
 
     async def _drain(self) -> None:

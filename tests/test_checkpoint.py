@@ -9,14 +9,23 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import replace
 
 import pytest
-from confluent_kafka import KafkaError, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from rollstream import kafka
-from rollstream.checkpoint import FENCE_LIMIT, FenceCounter, IdInUse, Rewind, classify
+from rollstream.checkpoint import (
+    FENCE_LIMIT,
+    HUNG_S,
+    Checkpoint,
+    FenceCounter,
+    IdInUse,
+    Rewind,
+    classify,
+)
 from rollstream.codec import codec
 from rollstream.config import Settings
 from rollstream.runtime import Output
@@ -59,6 +68,31 @@ def test_an_id_fenced_again_and_again_stops_with_a_message_saying_why() -> None:
         fences.fenced("PRODUCER_FENCED")  # a broker restart or a crashed predecessor: go on
     with pytest.raises(IdInUse, match="another live process uses the same id"):
         fences.fenced("PRODUCER_FENCED")
+
+
+def test_a_call_out_is_served_and_abandoned_once_it_is_no_longer_wanted() -> None:
+    """While a transactional call is out the caller's `serve` runs (the stage keeps its
+    consumer's group there); when it says the transaction is no longer wanted (partitions
+    lost), the call is abandoned then, not after HUNG_S."""
+    served: list[float] = []
+
+    def serve() -> bool:
+        served.append(time.monotonic())
+        return len(served) >= 3
+
+    checkpoint = Checkpoint(Settings(bootstrap_servers="127.0.0.1:1"), "serve-test",
+                            serve=serve)
+    stuck = threading.Event()  # a call that does not return until released
+    started = time.monotonic()
+    try:
+        with pytest.raises(KafkaException) as info:
+            checkpoint._call("send_offsets_to_transaction", stuck.wait, 60)
+    finally:
+        stuck.set()
+    assert info.value.args[0].code() == KafkaError._FATAL
+    assert len(served) == 3
+    assert time.monotonic() - started < HUNG_S
+    assert checkpoint.producer is None and not checkpoint.in_txn
 
 
 def test_a_fenced_trainer_cannot_commit_and_the_new_one_trains_each_batch_once(
