@@ -77,17 +77,29 @@ def create_topics(
 
 
 def _wait_visible(admin: Any, names: list[str], timeout: float) -> dict[str, Any]:
-    """The brokers' metadata once every topic in names has a leader for each partition.
+    """The topics' metadata once every broker has every topic in names, with a leader for each
+    partition.
 
-    CreateTopics returns when the controller has the topics; a busy broker can serve metadata
-    without them a little longer, and a producer that looks then finds no topic."""
+    CreateTopics returns when the controller has the topics; each broker learns them from the
+    metadata log a little later, and what a lagging broker answers meanwhile (a producer's
+    metadata, a DescribeConfigs) says there is no such topic. So each broker is asked in turn,
+    through a client that knows only that broker (a fresh client asks its bootstrap broker)."""
     deadline = time.monotonic() + timeout
+    meta = _visible(admin, names, deadline, timeout)
+    if len(meta.brokers) > 1:
+        for broker in meta.brokers.values():
+            _visible(_admin(f"{broker.host}:{broker.port}"), names, deadline, timeout)
+    return meta.topics
+
+
+def _visible(admin: Any, names: list[str], deadline: float, timeout: float) -> Any:
+    """The cluster metadata from `admin` once it shows every topic in names with leaders."""
     while True:
-        meta = admin.list_topics(timeout=timeout).topics
+        meta = admin.list_topics(timeout=max(1.0, deadline - time.monotonic()))
         missing = [
             n for n in names
-            if n not in meta or meta[n].error is not None
-            or any(p.leader < 0 for p in meta[n].partitions.values())
+            if n not in meta.topics or meta.topics[n].error is not None
+            or any(p.leader < 0 for p in meta.topics[n].partitions.values())
         ]
         if not missing:
             return meta

@@ -53,7 +53,10 @@ def test_transactions_survive_the_partition_leader_being_killed(
     create_topics(bootstrap, settings.prefix, partitions=2, replication_factor=3)
     topic = settings.topics.tasks
     admin = AdminClient({"bootstrap.servers": bootstrap})
+    # create_topics returns once every broker knows the topics (each one answers
+    # DescribeConfigs from its own metadata).
     meta = admin.list_topics(topic, timeout=30)
+    assert len(meta.topics[topic].partitions) == 2
     assert all(len(p.replicas) == 3 for p in meta.topics[topic].partitions.values())
     [config] = admin.describe_configs([ConfigResource("topic", topic)]).values()
     assert config.result(timeout=30)["min.insync.replicas"].value == "2"
