@@ -5,18 +5,23 @@ The trainer publishes, with every PolicyVersion, how many groups it is done with
 dropped). INIT admits a task while `admitted - consumed < window`; otherwise its capacity is 0
 and the runtime pauses the tasks partitions: backpressure through Kafka, the tasks wait in the
 log. Rollouts therefore never run more than `window` groups ahead of training, whatever the
-speed of the stages. If the trainer makes no progress for three times its recent step
-interval (at least `stall_s`: every group of a window was dropped for lack of reward variance,
-so no step was taken and no version published), one more window is let in, so the loop cannot
-stall; scaling the wait with the step interval keeps a slow (busy) trainer from being taken for
-a stalled one. Before the trainer's first step the wait is `startup_s` (30 s): a trainer that
-is still loading is not a stalled one either. The bridge's staleness bound still applies.
+speed of the stages. If the trainer makes no progress (no new version) for three times its
+recent step interval (at least `stall_s`: every group of a window was dropped for lack of
+reward variance, so no step was taken and no version published), one more window is let in, so
+the loop cannot stall; scaling the wait with the step interval keeps a slow (busy) trainer from
+being taken for a stalled one. Every new version is progress, also one whose count of consumed
+groups did not move. Before the trainer's first step the wait is `startup_s` (30 s): a trainer
+that is still loading is not a stalled one either. The wait starts when work enters an empty
+pipeline, not before: time without tasks is no stall. Every extra window is sampled by a policy
+the trainer will have left behind when it gets there, so the bridge's staleness bound drops it:
+the rule must fire on real stalls only.
 INIT's count of admitted tasks starts at 0 when a process starts: after a restart it may let
 up to one window more in.
 """
 
 from __future__ import annotations
 
+import logging
 import statistics
 import threading
 import time
@@ -32,6 +37,8 @@ from rollstream.events import POLICY_VERSION
 # The PolicyVersion metric in which the trainer (trainer_bridge.train_loop) reports the groups
 # it is done with: the one place this name is defined.
 CONSUMED = "groups_consumed"
+
+log = logging.getLogger("rollstream.admission")
 
 
 class PolicyFollower:
@@ -74,28 +81,32 @@ class AdmissionGate:
         self.admitted = 0
         self.follower = PolicyFollower(settings)
         self._bonus = 0
-        self._last_consumed = 0
+        self._seen = (self.follower.version, self.follower.consumed)
         self._last_progress = time.monotonic()
         self._intervals: deque[float] = deque(maxlen=5)
 
     def capacity(self) -> int:
-        consumed = self.follower.consumed
+        seen = (self.follower.version, self.follower.consumed)
         now = time.monotonic()
-        if consumed != self._last_consumed:
+        if seen != self._seen:
             self._intervals.append(now - self._last_progress)
-            self._last_consumed, self._last_progress = consumed, now
-        room = self.window - (self.admitted - consumed - self._bonus)
+            self._seen, self._last_progress = seen, now
+        room = self.window - (self.admitted - seen[1] - self._bonus)
         if self._intervals:
             patience = max(self.stall_s, 3 * statistics.median(self._intervals))
         else:  # no step yet: the trainer may still be starting (imports, loading a model)
             patience = max(self.stall_s, self.startup_s)
         if room <= 0 and now - self._last_progress > patience:
+            log.info("no trainer progress for %.1f s with %d groups in flight: one more window",
+                     now - self._last_progress, self.admitted - seen[1])
             self._bonus += self.window
             self._last_progress = now
             room += self.window
         return max(room, 0)
 
     def admit(self) -> None:
+        if self.admitted <= self.follower.consumed:
+            self._last_progress = time.monotonic()  # into an empty pipeline: the stall clock starts
         self.admitted += 1
 
     def close(self) -> None:
