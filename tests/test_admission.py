@@ -89,3 +89,22 @@ def test_time_without_work_in_flight_is_no_stall(settings: Settings) -> None:
         assert gate.capacity() == 0  # the clock started with the first task
     finally:
         gate.close()
+
+
+def test_samples_still_arriving_are_no_stall(settings: Settings) -> None:
+    # Slow rollouts: the window waits while samples are scored, and gets its extra window once
+    # they stop and the trainer took no step.
+    gate = AdmissionGate(settings, window=2, stall_s=2.0, startup_s=2.0)
+    producer = kafka.producer(settings)
+    try:
+        gate.admit()
+        gate.admit()
+        until = time.monotonic() + 4.0
+        while time.monotonic() < until:
+            kafka.produce(producer, settings.topics.scored, b"a sample", key="t#0")
+            producer.flush()
+            assert gate.capacity() == 0
+            time.sleep(0.2)
+        wait_for(lambda: gate.capacity() == 2)
+    finally:
+        gate.close()
