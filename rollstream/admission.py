@@ -93,8 +93,9 @@ class PolicyFollower:
                 for p in self._partitions]
         except KafkaException:
             return  # the broker is away: nothing is known to have grown
-        if ends != self._ends:
-            self._ends, self.scored_at = ends, time.monotonic()
+        if self._ends and ends != self._ends:  # the first reading is where counting starts
+            self.scored_at = time.monotonic()
+        self._ends = ends
 
     def close(self) -> None:
         self._stop.set()
