@@ -45,7 +45,7 @@ from rollstream import kafka
 from rollstream.broker import cluster, local
 from rollstream.codec import codec
 from rollstream.config import Settings, load
-from rollstream.processes import ProcessGroup, free_port, wait_http
+from rollstream.dev.processes import ProcessGroup, free_port, wait_http
 from rollstream.topics import create_topics
 
 NAME = "chaos"

@@ -39,7 +39,7 @@ from benchmarks.passthrough import (
 from rollstream import metrics
 from rollstream.broker import local
 from rollstream.config import load
-from rollstream.processes import free_port
+from rollstream.dev.processes import free_port
 from rollstream.topics import create_topics, delete_topics
 
 NAME = "metrics"

@@ -29,12 +29,11 @@ import threading
 import time
 from collections import deque
 
-from confluent_kafka import OFFSET_BEGINNING, KafkaException, TopicPartition
+from confluent_kafka import KafkaException, TopicPartition
 
 from rollstream import kafka
-from rollstream.codec import DecodeError, codec
 from rollstream.config import Settings
-from rollstream.events import POLICY_VERSION
+from rollstream.policy_versions import PolicyReader
 
 # The PolicyVersion metric in which the trainer (trainer_bridge.train_loop) reports the groups
 # it is done with: the one place this name is defined.
@@ -57,8 +56,7 @@ class PolicyFollower:
         self._scored = settings.topics.scored
         self._partitions: list[int] = []
         self._ends: list[int] = []
-        self._consumer = kafka.reader(
-            settings, [TopicPartition(settings.topics.policy, 0, OFFSET_BEGINNING)])
+        self._reader = PolicyReader(settings)
         # Offsets asked of its own client: behind the reader's long-poll fetches, each answer
         # would wait up to half a second.
         self._probe = kafka.reader(settings, [])
@@ -72,14 +70,7 @@ class PolicyFollower:
             if time.monotonic() >= next_check:
                 self._check_scored()
                 next_check = time.monotonic() + SCORED_CHECK_S
-            msg = self._consumer.poll(0.2)
-            if msg is None or msg.error() is not None:
-                continue
-            try:
-                event = codec().decode_as(POLICY_VERSION, msg.value())
-            except DecodeError:
-                continue  # not ours to judge here; the policy topic's writers are trusted
-            if event["version"] > self.version:
+            for event in self._reader.poll(0.2):
                 self.version = event["version"]
                 self.consumed = int(event["metrics"].get(CONSUMED, self.consumed))
 
@@ -100,7 +91,7 @@ class PolicyFollower:
     def close(self) -> None:
         self._stop.set()
         self._thread.join(5)
-        self._consumer.close()
+        self._reader.close()
         self._probe.close()
 
 

@@ -20,15 +20,12 @@ holds the sums of one source partition, so a restart or a rebalance recovers exa
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from rollstream import config
-from rollstream.broker import with_broker
 from rollstream.codec import DecodeError, codec, unpack_ids
 from rollstream.config import Settings
 from rollstream.events import DEAD_LETTER, POLICY_VERSION, SCORED_TRAJECTORY, TRAJECTORY
@@ -136,7 +133,6 @@ def build_app(settings: Settings, web_port: int, datadir: Path, partitions: int,
               web_host: str = "127.0.0.1") -> Any:
     import faust
 
-    prefix = settings.prefix
     app = faust.App(
         settings.topics.group(STATS),  # the app id is its consumer group
         broker=[f"kafka://{b}" for b in settings.bootstrap_servers.split(",")],
@@ -157,8 +153,8 @@ def build_app(settings: Settings, web_port: int, datadir: Path, partitions: int,
     trajectories = app.topic(topics.trajectories, value_type=bytes, **raw)
     dlq = app.topic(topics.dlq, value_type=bytes, **raw)
     policy = app.topic(topics.policy, value_type=bytes, **raw)
-    stats_topic = app.topic(f"{prefix}.stats", partitions=1, compacting=True, internal=True,
-                            **raw)
+    # Declared in the graph (`topics create` makes it); faust creates it alike if it is missing.
+    stats_topic = app.topic(topics.stats, partitions=1, compacting=True, internal=True, **raw)
     table = {"key_type": str, "value_type": float, "default": float, "partitions": partitions}
     total = app.Table("totals", **table)
     tumbling = app.Table("tumbling-10s", **table).tumbling(
@@ -229,43 +225,3 @@ def build_app(settings: Settings, web_port: int, datadir: Path, partitions: int,
         await stats_topic.send(key=b"summary", value=json.dumps(snapshot()).encode())
 
     return app
-
-
-def register_cli(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser(
-        "stats", help="live analytics (faust-streaming): windowed tables served as JSON",
-        description="Read scored, trajectories, policy and dlq in the consumer group "
-                    "<prefix>.stats and keep all-time, 10 s tumbling and 1 min hopping tables: "
-                    "episodes/s, reward by policy version and by environment, failure classes, "
-                    "turns and tokens per episode, stage latency percentiles, dead letters. "
-                    "Serves them at http://127.0.0.1:PORT/stats and publishes them to the "
-                    "compacted topic <prefix>.stats.")
-    parser.add_argument("--web-port", type=int, default=6066, help="port of the JSON server")
-    parser.add_argument("--web-host", default="127.0.0.1",
-                        help="address the JSON server listens on (0.0.0.0 in a container)")
-    parser.add_argument("--datadir", type=Path, default=Path(".rollstream/stats"),
-                        help="faust's local state directory")
-    config.add_arguments(parser)
-    parser.set_defaults(func=run)
-
-
-def run(args: argparse.Namespace) -> int:
-    from confluent_kafka.admin import AdminClient
-
-    try:
-        import faust
-    except ImportError as exc:
-        raise SystemExit("rollstream stats needs faust-streaming: pip install "
-                         "'rollstream[stats]'") from exc
-
-    settings = with_broker(config.load(args))
-    scored = settings.topics.scored
-    meta = AdminClient(settings.kafka()).list_topics(scored, timeout=30).topics.get(scored)
-    if meta is None or meta.error is not None:
-        raise SystemExit(f"topic {scored} does not exist (rollstream topics create)")
-    # The tables' changelogs must have as many partitions as the topics they count.
-    datadir = args.datadir / settings.prefix
-    datadir.mkdir(parents=True, exist_ok=True)
-    app = build_app(settings, args.web_port, datadir, len(meta.partitions), args.web_host)
-    faust.Worker(app, loglevel="INFO").execute_from_commandline()
-    return 0

@@ -12,8 +12,6 @@ stages' /metrics URLs are given.
 
 from __future__ import annotations
 
-import argparse
-import json
 import time
 import urllib.error
 import urllib.request
@@ -22,11 +20,8 @@ from typing import Any
 from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from rollstream import config, kafka, metrics
-from rollstream.broker import with_broker
-from rollstream.codec import DecodeError, codec
+from rollstream import kafka, policy_versions
 from rollstream.config import Settings
-from rollstream.events import POLICY_VERSION
 from rollstream.graph import BRIDGE, STAGES, input_of
 
 EXACT_LAG_LIMIT = 20_000
@@ -109,14 +104,7 @@ class Inspector:
                                                      cached=False)
         # Each version is one record and one transaction marker: the newest is in the last few.
         tail = [TopicPartition(topic, 0, max(low, high - 10))]
-        newest = None
-        for msg in kafka.read_partitions(self.settings, tail):
-            try:
-                event = codec().decode_as(POLICY_VERSION, msg.value())
-            except DecodeError:
-                continue
-            if newest is None or event["version"] > newest["version"]:
-                newest = event
+        newest = policy_versions.latest(self.settings, tail)
         if newest is None:
             return None
         return {"version": newest["version"], "uri": newest["uri"],
@@ -124,7 +112,7 @@ class Inspector:
                 "mean_reward": newest["metrics"].get("mean_reward")}
 
     def servers(self) -> list[dict[str, Any]]:
-        from rollstream.inference import parse_load
+        from rollstream.inference.client import parse_load
 
         rows = []
         for url in self.settings.policy_urls():
@@ -192,57 +180,3 @@ def render(snap: dict[str, Any]) -> Any:
         lines.append(f"server {srv['url']}: {'up' if srv['healthy'] else 'DOWN'}"
                      + (f" ({load})" if load else ""))
     return Group(*lines)
-
-
-def register_cli(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser(
-        "status", help="stage groups, lag, rates, dead letters, policy version, servers",
-        description="Show the pipeline of one prefix: per stage group its members and "
-                    "partitions, lag (events waiting past its committed offsets; '~' marks an "
-                    "estimate when very many wait), events/s over the interval, in-flight "
-                    "events (with --metrics-url); dead letters; the newest policy version; "
-                    "inference servers' health and load (--policy-url). With --watch and "
-                    "--metrics-port it also serves lag, members, committed offsets, dead "
-                    "letters and the policy version as Prometheus gauges.")
-    parser.add_argument("--json", action="store_true", help="print one JSON object per refresh")
-    parser.add_argument("--watch", action="store_true", help="refresh until interrupted")
-    parser.add_argument("--interval", type=float, default=2.0,
-                        help="seconds between looks (the events/s window)")
-    parser.add_argument("--metrics-url", action="append", default=[],
-                        help="a process's /metrics URL, for in-flight counts (repeatable)")
-    config.add_arguments(parser)
-    parser.set_defaults(func=run)
-
-
-def run(args: argparse.Namespace) -> int:
-    settings = with_broker(config.load(args))
-    metrics.serve(settings.metrics_port)
-    inspector = Inspector(settings, args.metrics_url)
-    try:
-        metrics.pipeline_status(inspector.snapshot())  # the first look: rates need two
-        if args.json:
-            while True:
-                time.sleep(args.interval)
-                snapshot = inspector.snapshot()
-                metrics.pipeline_status(snapshot)
-                print(json.dumps(snapshot), flush=True)
-                if not args.watch:
-                    return 0
-        from rich.live import Live
-
-        time.sleep(args.interval)
-        if not args.watch:
-            from rich.console import Console
-
-            Console().print(render(inspector.snapshot()))
-            return 0
-        with Live(render(inspector.snapshot()), auto_refresh=False) as live:
-            while True:
-                time.sleep(args.interval)
-                snapshot = inspector.snapshot()
-                metrics.pipeline_status(snapshot)
-                live.update(render(snapshot), refresh=True)
-    except KeyboardInterrupt:
-        return 0
-    finally:
-        inspector.close()

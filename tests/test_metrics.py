@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from producers.publish import publish, validate_task
 from rollstream import kafka
 from rollstream.config import Settings
-from rollstream.processes import ProcessGroup, free_port
+from rollstream.dev.processes import ProcessGroup, free_port
 
 
 def scrape(port: int) -> dict[tuple[str, tuple], float]:

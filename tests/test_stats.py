@@ -16,7 +16,7 @@ from confluent_kafka.admin import AdminClient
 from rollstream import kafka
 from rollstream.codec import codec
 from rollstream.config import Settings
-from rollstream.processes import ProcessGroup, free_port
+from rollstream.dev.processes import ProcessGroup, free_port
 from tests.scored_factory import scored
 
 N = 60

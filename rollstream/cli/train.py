@@ -7,8 +7,8 @@ import json
 import statistics
 from pathlib import Path
 
-from rollstream import config, metrics
-from rollstream.broker import with_broker
+from rollstream import config
+from rollstream.cli import common
 from rollstream.graph import PRINTER
 
 
@@ -83,9 +83,7 @@ def run_train(args: argparse.Namespace) -> int:
         # The embedded policy's ops are too small to gain from more threads, and threads that
         # meet at every op crawl on a busy machine (a step: 6 s on one, 11-65 s on two, load 20).
         torch.set_num_threads(1)
-    config.log_to_stderr()
-    settings = with_broker(config.load(args))
-    metrics.serve(settings.metrics_port)
+    settings = common.start_service(args)
     policy = GroupPolicy(normalize_std=not args.dr_grpo, max_staleness=args.max_staleness,
                          group_timeout_s=args.group_timeout, incomplete=args.incomplete,
                          drop_zero_variance=not args.keep_zero_variance)
@@ -100,7 +98,7 @@ def run_train(args: argparse.Namespace) -> int:
 def run_bridge(args: argparse.Namespace) -> int:
     from trainer_bridge.bridge import TrainerBridge
 
-    settings = with_broker(config.load(args))
+    settings = common.settings(args)
     group = args.group or settings.topics.group(PRINTER)
     with TrainerBridge(settings, groups_per_batch=args.groups_per_batch, group=group) as bridge:
         for batch in bridge.batches(args.max_batches, args.idle_timeout):
