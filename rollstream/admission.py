@@ -6,11 +6,12 @@ dropped). INIT admits a task while `admitted - consumed < window`; otherwise its
 and the runtime pauses the tasks partitions: backpressure through Kafka, the tasks wait in the
 log. Rollouts therefore never run more than `window` groups ahead of training, whatever the
 speed of the stages. If the trainer makes no progress (no new version) and no sample reaches
-<p>.scored for three times the trainer's recent step interval (at least `stall_s`: every group
-of a window was dropped for lack of reward variance, so no step was taken and no version
-published), one more window is let in, so the loop cannot stall. Scaling the wait with the step
-interval keeps a slow (busy) trainer from being taken for a stalled one; waiting for the scored
-samples to stop keeps slow rollouts from being taken for one. Every new version is progress,
+<p>.scored for three times what the trainer recently took to step once the samples stopped (at
+least `stall_s`: every group of a window was dropped for lack of reward variance, so no step
+was taken and no version published), one more window is let in, so the loop cannot stall.
+Scaling the wait with the trainer's own step time keeps a slow (busy) trainer from being taken
+for a stalled one; waiting for the scored samples to stop keeps slow rollouts from being taken
+for one. Every new version is progress,
 also one whose count of consumed groups did not move. Before the trainer's first step the wait
 is `startup_s` (30 s): a trainer that is still loading is not a stalled one either. The wait
 starts when work enters an empty pipeline, not before: time without tasks is no stall. Every
@@ -111,12 +112,15 @@ class AdmissionGate:
     def capacity(self) -> int:
         seen = (self.follower.version, self.follower.consumed)
         now = time.monotonic()
-        if seen != self._seen:
-            self._intervals.append(now - self._last_progress)
-            self._seen, self._last_progress = seen, now
-        room = self.window - (self.admitted - seen[1] - self._bonus)
         # Samples still arriving: the rollouts are slow, not the trainer stalled.
         quiet_since = max(self._last_progress, self.follower.scored_at)
+        if seen != self._seen:
+            # How long the trainer took to step once nothing more was arriving: the wait for
+            # rollouts is not the trainer's, and would stretch every real stall.
+            self._intervals.append(now - quiet_since)
+            self._seen, self._last_progress = seen, now
+            quiet_since = now
+        room = self.window - (self.admitted - seen[1] - self._bonus)
         if self._intervals:
             patience = max(self.stall_s, 3 * statistics.median(self._intervals))
         else:  # no step yet: the trainer may still be starting (imports, loading a model)
