@@ -17,7 +17,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from rollstream import kafka, policy_versions
@@ -25,6 +25,8 @@ from rollstream.config import Settings
 from rollstream.graph import BRIDGE, STAGES, input_of
 
 EXACT_LAG_LIMIT = 20_000
+_COORDINATOR_NOT_READY = (KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+                          KafkaError.COORDINATOR_NOT_AVAILABLE)
 # (stage, consumer group suffix, input topic attribute of Topics), from the topic graph
 STAGE_GROUPS = tuple(("train" if g == BRIDGE else g, g, input_of(g).attr)
                      for g in (*STAGES, BRIDGE))
@@ -49,9 +51,37 @@ class Inspector:
         self.probe = kafka.reader(settings, [])
         self.metrics_urls = metrics_urls or []
         self._previous: tuple[float, dict[str, int]] | None = None
+        self._probes: dict[str, Consumer] = {}
 
     def close(self) -> None:
         self.probe.close()
+        for probe in self._probes.values():
+            probe.close()
+
+    def _group_probe(self, group: str) -> Consumer:
+        """A consumer with the group's id that never joins it, for its committed offsets: the
+        admin client's OffsetFetch (librdkafka 2.16) crashes the process or times out while a
+        fresh broker's group coordinator is loading; the consumer's own path retries."""
+        if group not in self._probes:
+            self._probes[group] = Consumer({**self.settings.kafka(), "group.id": group,
+                                            "enable.auto.commit": False})
+        return self._probes[group]
+
+    def committed(self, group: str, topic: str, parts: list[int],
+                  timeout_s: float = 30.0) -> list[TopicPartition]:
+        """The group's committed offsets; retried while the coordinator is not ready yet (a
+        fresh broker answers NOT_COORDINATOR or loading for a few seconds)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                return self._group_probe(group).committed(
+                    [TopicPartition(topic, p) for p in parts], timeout=timeout_s)
+            except KafkaException as exc:
+                err: KafkaError = exc.args[0]
+                if (err.code() not in _COORDINATOR_NOT_READY and not err.retriable()
+                        or time.monotonic() > deadline):
+                    raise
+                time.sleep(0.5)
 
     def partitions(self, topic: str) -> list[int]:
         meta = self.probe.list_topics(topic, timeout=10).topics.get(topic)
@@ -74,9 +104,7 @@ class Inspector:
         group = self.settings.topics.group(group_suffix)
         topic = getattr(self.settings.topics, topic_attr)
         parts = self.partitions(topic)
-        request = ConsumerGroupTopicPartitions(group, [TopicPartition(topic, p) for p in parts])
-        committed = self.admin.list_consumer_group_offsets([request])[group].result(timeout=30)
-        starts = {tp.partition: tp.offset for tp in committed.topic_partitions}
+        starts = {tp.partition: tp.offset for tp in self.committed(group, topic, parts)}
         lag, exact = self.pending(topic, starts)
         description = self.admin.describe_consumer_groups([group])[group].result(timeout=30)
         members = [{"client_id": m.client_id, "host": m.host,

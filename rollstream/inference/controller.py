@@ -34,13 +34,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 
-from rollstream import config
+from rollstream import config, metrics
 from rollstream.wire import VERSION_PATH, lora_name, lora_version
 
 log = logging.getLogger("rollstream.inference.controller")
@@ -99,6 +100,14 @@ async def current_version(session: aiohttp.ClientSession, url: str) -> int | Non
 
 
 async def _apply(session: aiohttp.ClientSession, url: str, event: Mapping[str, Any]) -> Applied:
+    started = time.monotonic()
+    applied = await _apply_steps(session, url, event)
+    metrics.policy_update(url, applied.ok, time.monotonic() - started)
+    return applied
+
+
+async def _apply_steps(session: aiohttp.ClientSession, url: str,
+                       event: Mapping[str, Any]) -> Applied:
     version = int(event["version"])
     try:
         models = await _call(session, "GET", url, "/v1/models")
@@ -305,6 +314,7 @@ class Controller:
         version = self.latest["version"]
         servers = self.settings.policy_urls()
         reported = await asyncio.gather(*(current_version(session, u) for u in servers))
+        metrics.servers_checked(version, len(servers), sum(v is not None for v in reported))
         todo = [u for u, v in zip(servers, reported, strict=True)
                 if v != version and not (v is None and self.applied.get(u) == version)]
         results = await apply_policy(self.latest, todo, session=session) if todo else []
