@@ -427,8 +427,9 @@ def delete_tree(path: Path) -> None:
     coreutils walk a tree iteratively. Raises SandboxError when something stays."""
     if not os.path.lexists(path):
         return
-    if os.path.ismount(path / DISK):  # a sandbox's disk: its whole tree goes with the mount
-        subprocess.run(["umount", "--lazy", str(path / DISK)], capture_output=True, check=False)
+    for disk in (path / DISK, path):  # a sandbox's disk (earlier versions mounted it on path)
+        if os.path.ismount(disk):  # its whole tree goes with the mount
+            subprocess.run(["umount", "--lazy", str(disk)], capture_output=True, check=False)
     if os.geteuid() != 0:  # root passes permission bits; the owner must first restore its own
         subprocess.run(["chmod", "-R", "u+rwx", "--", str(path)], capture_output=True,
                        check=False)
