@@ -111,7 +111,8 @@ def test_container_is_locked_down_and_labelled_and_exec_has_a_timeout() -> None:
     assert run["nano_cpus"] == 2_000_000_000 and run["pids_limit"] == 100
     assert run["cap_drop"] == ["ALL"] and run["security_opt"] == ["no-new-privileges"]
     # Only the workspace and /tmp are writable: tmpfs volumes of the disk quota.
-    assert run["read_only"] and run["shm_size"] == "256m"
+    assert run["read_only"] and run["shm_size"] == "256m" and run["environment"] == {
+        "HOME": "/tmp"}
     assert [(m["Target"], m["VolumeOptions"]["DriverConfig"]["Options"]["o"].split(",")[0])
             for m in run["mounts"]] == [("/testbed", "size=1024m"), ("/tmp", "size=256m")]
     # The image was probed for a /testbed of its own once (it has none), and the probe removed.

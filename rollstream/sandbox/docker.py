@@ -240,6 +240,9 @@ class DockerBackend(Backend):
         try:
             container = self.client.containers.run(
                 image, KEEPER, detach=True, labels=labels, read_only=True,
+                # Caches and configs written under HOME (pip, matplotlib, git) need a writable
+                # one: /tmp, as under bwrap.
+                environment={"HOME": TMP},
                 mounts=[Mount(spec.workdir, None, type="volume",
                               driver_config=tmpfs(limits.disk_mb)),
                         Mount(TMP, None, type="volume", driver_config=tmpfs(scratch_mb))],
