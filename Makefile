@@ -34,6 +34,7 @@ deps: venv
 	$(BIN)/rollstream broker fetch
 	@$(call apt_tool,prometheus,prometheus,the real-Prometheus test skips)
 	./scripts/docker-engine.sh
+	@$(call apt_tool,docker-compose,docker-compose,the compose test skips)
 	$(MAKE) harness-deps swebench-deps
 
 # mini-swe-agent, the harness the gateway is proven with, in a virtualenv of its own: a harness
@@ -56,20 +57,14 @@ $(SWEBENCH_STAMP): $(STAMP)
 	$(BIN)/pip install -q --no-deps --target $(SWEBENCH_DIR) swebench==5.0.2 unidiff==0.7.5
 	touch $@
 
-# Local images for docker-compose.local.yml, built with no registry or package mirror reachable
-# from the build: Kafka from the bundled broker's jars on the Java runtime the broker runs on
-# here, and Prometheus from Debian's package installed by `make deps`, on the local Debian
-# base image (rollstream/base:bookworm). Both are staged under .rollstream/images first.
+# Local images for docker-compose.local.yml (scripts/local-images.sh), built with no registry or
+# package index reachable from the builds: Kafka from the bundled broker's jars, Prometheus from
+# Debian's package, Rollstream as Debian's Python running this checkout with .venv's packages.
+# Docker's cache makes a rebuild take seconds; without an engine it says so and goes on.
 images: deps
-	rm -rf .rollstream/images && mkdir -p .rollstream/images
-	mkdir -p .rollstream/images/jre && tar -C "$$(dirname "$$(dirname "$$(readlink -f \
-		"$$(command -v java)")")")" -chf - --exclude=./jmods --exclude=./include \
-		--exclude=./docs --exclude=./lib/src.zip . | tar -C .rollstream/images/jre -xf -
-	cp "$$(command -v prometheus)" .rollstream/images/prometheus
-	docker build -t rollstream/kafka:local -f deploy/kafka/Dockerfile .
-	docker build -t rollstream/prometheus:local -f deploy/prometheus/Dockerfile .
+	./scripts/local-images.sh
 
-test: venv deps
+test: venv deps images
 	$(BIN)/python -m pytest -q
 
 demo: venv deps

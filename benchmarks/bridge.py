@@ -28,8 +28,8 @@ from rollstream import kafka
 from rollstream.broker import local
 from rollstream.codec import codec, pack_ids, pack_logprobs
 from rollstream.config import load
+from rollstream.dev.loop import LoopConfig
 from rollstream.events import SCORED_TRAJECTORY
-from rollstream.loop import LoopConfig
 from rollstream.topics import create_topics, delete_topics
 
 NAME = "bridge"
@@ -40,7 +40,7 @@ GROUP = 8
 
 def rollout_rate(bootstrap: str, tasks: int) -> dict[str, Any]:
     from producers.publish import publish
-    from rollstream.loop import ClosedLoop
+    from rollstream.dev.loop import ClosedLoop
 
     prefix = f"bench-{uuid.uuid4().hex[:8]}-loop"
     create_topics(bootstrap, prefix, 4)

@@ -4,19 +4,25 @@ SIGKILLed, against the same workload without faults, in the same run.
 Processes (real OS processes, `rollstream ...`): a scripted policy server (vLLM's contract,
 multi-turn `guess_number` episodes of up to 4 turns), 2 INIT, 2 RUN, 2 EVAL (one of each pair
 with `--instance-id`), the trainer's consumer (`rollstream bridge`) and the inference
-controller. Faults, in turn, every `--fault-interval` seconds: SIGKILL of an INIT, RUN, EVAL,
-bridge or controller process (restarted after 1 s, as a supervisor would), of the broker
-leading a partition of `episodes`, and of the active KRaft controller (restarted after 5 s);
-once, mid-run, the whole cluster is SIGKILLed and restarted.
+controller. Faults, in turn, every `interval` seconds from the first scored episode (10 s;
+ROLLSTREAM_CHAOS_INTERVAL_S), and never before the last fault's throughput is back (or 60 s
+passed): SIGKILL of an INIT, RUN, EVAL, bridge or controller process
+(restarted after 1 s, as a supervisor would), of the broker leading a partition of `episodes`,
+and of the active KRaft controller (restarted after 5 s); once, when half the episodes are
+scored, the whole cluster is SIGKILLed and restarted.
 
-Figures, read from the committed `scored` topic: episodes lost (never scored), duplicated
-(scored more than once), infra-classed; processes that exited without being killed, or hung
-(did not stop within 45 s of SIGTERM at the end); for each fault kind the time until the scored
-rate over a 5 s window is back to 80% of its rate in the 15 s before the fault; the total time
-against the run without faults.
+Figures, read from the committed `scored` topic by a thread that times each event when it
+becomes readable: episodes lost (never scored), duplicated (scored more than once),
+infra-classed; processes that exited without being killed, or hung (did not stop within 45 s
+of SIGTERM at the end); for each fault kind the time until the scored rate over a 5 s window
+is back to 80% of its rate in the 15 s before the fault (at most 80% of the steady rate
+without faults), and the faults after which it never was ("not back"); the total time
+against the run without faults. The bar: 0 lost, duplicated, infra, exited or hung, and every
+single-broker kill back within 30 s.
 
-`python -m benchmarks chaos`: 10,000 episodes a run (ROLLSTREAM_CHAOS_EPISODES sets it; `--quick`:
-400 episodes, one kind of fault, no baseline, as tests/test_chaos.py runs it).
+`python -m benchmarks chaos`: 30,000 episodes a run, enough for two rounds of every fault kind
+where the pipeline runs at ~200 episodes/s (ROLLSTREAM_CHAOS_EPISODES sets it; `--quick`:
+400 episodes, partition-leader kills, no baseline; tests/test_chaos.py runs 200 with one).
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections import Counter
@@ -45,7 +52,7 @@ from rollstream import kafka
 from rollstream.broker import cluster, local
 from rollstream.codec import codec
 from rollstream.config import Settings, load
-from rollstream.processes import ProcessGroup, free_port, wait_http
+from rollstream.dev.processes import ProcessGroup, free_port, wait_http
 from rollstream.topics import create_topics
 
 NAME = "chaos"
@@ -53,8 +60,12 @@ GROUP_SIZE = 4
 PARTITIONS = 8
 PROCESS_KINDS = ("init", "run", "eval", "trainer", "controller")
 BROKER_KINDS = ("partition-leader", "active-controller")
+# Broker kills between process kills, so one's recovery is timed before the next broker fault.
+FAULT_ORDER = ("init", "partition-leader", "run", "eval", "active-controller", "trainer",
+               "controller")
 GUESSES = ["5", "2", "7", "9"]  # the scripted policy's answers, turn by turn
 WINDOW_S = 5.0  # rate window for "back to full throughput"
+SETTLE_MAX_S = 60.0  # the longest the next fault waits for the last one's recovery
 RECOVERED = 0.8  # fraction of the pre-fault rate that counts as full throughput
 
 
@@ -64,6 +75,7 @@ class Fault:
     at: float  # seconds since the run started
     target: str
     recovery_s: float | None = None
+    note: str = ""  # why recovery_s is None
 
 
 @dataclass
@@ -102,7 +114,8 @@ def tasks(count: int, tag: str) -> list[dict]:
 class Pipeline:
     """The processes of one run, restartable by name."""
 
-    def __init__(self, settings: Settings, workdir: Path, policy_url: str) -> None:
+    def __init__(self, settings: Settings, workdir: Path, policy_url: str,
+                 names: list[str] | None = None) -> None:
         self.settings = settings
         self.procs = ProcessGroup(workdir / "logs")
         common = ["--bootstrap-servers", settings.bootstrap_servers, "--prefix", settings.prefix,
@@ -117,6 +130,8 @@ class Pipeline:
             "trainer": ["bridge", *common, "--groups-per-batch", "4"],
             "controller": ["controller", *common],
         }
+        if names is not None:
+            self.commands = {n: self.commands[n] for n in names}
         self.restarts: Counter[str] = Counter()
 
     def start_all(self) -> None:
@@ -130,8 +145,12 @@ class Pipeline:
     def current(self, name: str) -> str:
         return f"{name}.{self.restarts[name]}"
 
-    def kill(self, name: str) -> None:
+    def kill(self, name: str) -> bool:
+        """SIGKILL `name`; False when this pipeline does not run it."""
+        if name not in self.commands:
+            return False
         self.procs.kill(self.current(name))
+        return True
 
     def exited(self) -> list[str]:
         """Processes that ended without being killed (each restarted, as a supervisor would)."""
@@ -162,40 +181,64 @@ class Pipeline:
 
 
 def _follow(settings: Settings, run: Run, expected: set[str], deadline: float,
-            tick: Any = None) -> None:
-    """Read committed scored events until every expected episode is there or the deadline."""
-    reader = kafka.reader(settings, [TopicPartition(settings.topics.scored, p, 0)
-                                     for p in range(PARTITIONS)])
-    done: set[str] = set()
-    try:
-        while time.monotonic() < deadline and not expected <= done:
-            for msg in reader.consume(500, timeout=0.5):
-                if msg.error() is not None:
-                    continue
-                scored = codec().decode_as("ScoredTrajectory", msg.value())
-                episode = scored["trajectory"]["episode_id"]
-                run.scored.append((time.monotonic() - run.started, episode,
-                                   scored["failure_class"]))
-                done.add(episode)
-            if tick is not None:
-                tick()
-        # A short grace period: duplicates, if any, arrive after the first copy.
-        end = time.monotonic() + 5
-        while time.monotonic() < end:
-            for msg in reader.consume(500, timeout=0.5):
-                if msg.error() is None:
+            tick: Any, grace_s: float) -> None:
+    """Read committed scored events, in a thread of its own so that each is timed when it
+    becomes readable (the fault schedule's calls to the cluster block for seconds), until
+    every expected episode is there or the deadline; then `grace_s` more, for duplicates."""
+    stop, done = threading.Event(), threading.Event()
+
+    def read() -> None:
+        reader = kafka.reader(settings, [TopicPartition(settings.topics.scored, p, 0)
+                                         for p in range(PARTITIONS)])
+        seen: set[str] = set()
+        try:
+            while not stop.is_set():
+                for msg in reader.consume(500, timeout=0.2):
+                    if msg.error() is not None:
+                        continue
                     scored = codec().decode_as("ScoredTrajectory", msg.value())
-                    run.scored.append((time.monotonic() - run.started,
-                                       scored["trajectory"]["episode_id"],
+                    episode = scored["trajectory"]["episode_id"]
+                    run.scored.append((time.monotonic() - run.started, episode,
                                        scored["failure_class"]))
+                    seen.add(episode)
+                if not done.is_set() and expected <= seen:
+                    run.finished = time.monotonic() - run.started
+                    done.set()
+        finally:
+            reader.close()
+
+    thread = threading.Thread(target=read, name="scored-reader", daemon=True)
+    thread.start()
+    try:
+        while time.monotonic() < deadline and not done.wait(0.25):
+            tick()
+        if not done.is_set():
+            run.finished = time.monotonic() - run.started
+        time.sleep(grace_s)  # a duplicate, if any, arrives after the first copy
     finally:
-        reader.close()
+        stop.set()
+        thread.join(10)
 
 
-def recovery_s(times: list[float], at: float, end: float) -> float | None:
+def steady_rate(times: list[float]) -> float | None:
+    """Episodes/s between the 10th and the 90th percentile of scoring times: the pipeline's
+    rate once started and before its tail."""
+    times = sorted(times)
+    lo, hi = len(times) // 10, len(times) * 9 // 10
+    if hi - lo < 10 or times[hi] <= times[lo]:
+        return None
+    return (hi - lo) / (times[hi] - times[lo])
+
+
+def recovery_s(times: list[float], at: float, end: float,
+               ceiling: float | None = None) -> float | None:
     """Seconds after `at` until the rate over WINDOW_S is back to RECOVERED x the rate of the
-    15 s before; None when there was no rate before (nothing to recover to) or it never is."""
+    15 s before (at most `ceiling`, the rate without faults: right after an earlier fault the
+    pipeline catches up faster than it can run for long); None when there was no rate before
+    (nothing to recover to) or it never is."""
     before = sum(1 for t in times if at - 15 <= t < at) / 15
+    if ceiling is not None:
+        before = min(before, ceiling)
     if before <= 0:
         return None
     need = RECOVERED * before * WINDOW_S
@@ -209,15 +252,18 @@ def recovery_s(times: list[float], at: float, end: float) -> float | None:
 
 class Chaos:
     """The fault schedule: one fault every `interval` s, kinds in turn, and the whole-cluster
-    restart once, after half the episodes are scored."""
+    restart once, after half the episodes are scored; no fault before the last one's
+    throughput is back (at most SETTLE_MAX_S)."""
 
     def __init__(self, pipeline: Pipeline, run: Run, bootstrap: str, interval: float,
-                 kinds: list[str], cluster_restart: bool, max_faults: int | None) -> None:
+                 kinds: list[str], cluster_restart: bool, max_faults: int | None,
+                 ceiling: float | None = None) -> None:
         self.pipeline, self.run, self.bootstrap = pipeline, run, bootstrap
+        self.ceiling = ceiling
         self.interval, self.kinds = interval, kinds
         self.max_faults = max_faults
         self.cluster_restart = cluster_restart
-        self.next_at = interval
+        self.next_at: float | None = None  # `interval` after the first scored episode
         self.turn = 0
         self.down: list[tuple[float, int]] = []  # (restart at, node)
 
@@ -230,11 +276,17 @@ class Chaos:
             self.down.remove(item)
             cluster.start_node(item[1])
         self.run.exited += self.pipeline.exited()
+        if not self._settled(now):
+            return
         if self.cluster_restart and len(self.run.scored) >= self.run.episodes // 2:
             self.cluster_restart = False
             self._whole_cluster()
             self.next_at = self.now() + self.interval
             return
+        if self.next_at is None:
+            if not self.run.scored:
+                return
+            self.next_at = now + self.interval
         if now < self.next_at or self.down or not self.kinds or (
                 self.max_faults is not None and self.turn >= self.max_faults):
             return
@@ -255,10 +307,22 @@ class Chaos:
         name = {"init": "init-0", "run": "run-0", "eval": "eval-0"}.get(kind, kind)
         if kind in ("init", "run", "eval") and self.turn // len(self.kinds) % 2:
             name = name[:-1] + "1"  # every other round, the static member
-        self.pipeline.kill(name)
+        if not self.pipeline.kill(name):
+            return
         self.run.faults.append(Fault(kind, self.now(), name))
         time.sleep(1)
         self.pipeline.start(name)
+
+    def _settled(self, now: float) -> bool:
+        """The last fault's throughput is back (or there was none to get back to, or
+        SETTLE_MAX_S passed): a fault during another's recovery would blur both figures."""
+        if not self.run.faults or now - self.run.faults[-1].at >= SETTLE_MAX_S:
+            return True
+        at = self.run.faults[-1].at
+        times = sorted(t for t, _, _ in list(self.run.scored))
+        if not any(at - 15 <= t < at for t in times):
+            return True
+        return recovery_s(times, at, now, self.ceiling) is not None
 
     def _whole_cluster(self) -> None:
         nodes = cluster.running_nodes()
@@ -270,8 +334,10 @@ class Chaos:
 
 
 def one_run(base: Settings, workdir: Path, label: str, episodes: int, faults: bool,
-            interval: float, kinds: list[str], timeout_s: float,
-            whole_cluster: bool, max_faults: int | None = None) -> tuple[Run, set[str]]:
+            interval: float, kinds: list[str], timeout_s: float, whole_cluster: bool,
+            max_faults: int | None = None, grace_s: float = 5.0,
+            processes: list[str] | None = None,
+            ceiling: float | None = None) -> tuple[Run, set[str]]:
     settings = replace(base, prefix=f"chaos{label}{uuid.uuid4().hex[:6]}")
     create_topics(settings.bootstrap_servers, settings.prefix, PARTITIONS, replication_factor=3)
     script = workdir / f"{label}-script.jsonl"
@@ -280,7 +346,7 @@ def one_run(base: Settings, workdir: Path, label: str, episodes: int, faults: bo
     port = free_port()
     server = policy.start("policy", "serve-scripted", "--port", str(port), "--script", str(script))
     wait_http(f"http://127.0.0.1:{port}/health", proc=server, timeout=120)
-    pipeline = Pipeline(settings, workdir / label, f"http://127.0.0.1:{port}")
+    pipeline = Pipeline(settings, workdir / label, f"http://127.0.0.1:{port}", processes)
     work = tasks(max(1, episodes // GROUP_SIZE), label)
     expected = {f"{t['task_id']}#{i}" for t in work for i in range(GROUP_SIZE)}
     run = Run(label, len(expected))
@@ -289,20 +355,30 @@ def one_run(base: Settings, workdir: Path, label: str, episodes: int, faults: bo
         run.started = time.monotonic()
         publish(settings, work)
         chaos = Chaos(pipeline, run, settings.bootstrap_servers, interval, kinds,
-                      cluster_restart=whole_cluster, max_faults=max_faults) if faults else None
+                      cluster_restart=whole_cluster, max_faults=max_faults,
+                      ceiling=ceiling) if faults else None
         _follow(settings, run, expected, time.monotonic() + timeout_s,
-                tick=chaos.tick if chaos else lambda: run.exited.extend(pipeline.exited()))
-        run.finished = time.monotonic() - run.started
+                tick=chaos.tick if chaos else lambda: run.exited.extend(pipeline.exited()),
+                grace_s=grace_s)
         if chaos is not None:
             for node in [n for _, n in chaos.down]:
                 cluster.start_node(node)
     finally:
         run.hung = pipeline.stop_all()
         policy.stop_all()
+    return run, expected
+
+
+def time_recoveries(run: Run, ceiling: float | None) -> None:
+    """Each fault's time back to full throughput (see recovery_s), or why there is none."""
     times = sorted(t for t, _, _ in run.scored)
     for fault in run.faults:
-        fault.recovery_s = recovery_s(times, fault.at, run.finished)
-    return run, expected
+        fault.recovery_s = recovery_s(times, fault.at, run.finished, ceiling)
+        if fault.recovery_s is None:
+            fault.note = ("no rate before" if not any(fault.at - 15 <= t < fault.at
+                                                      for t in times)
+                          else "run ended first" if run.finished - fault.at < 30
+                          else "not back")
 
 
 def summarize(run: Run, expected: set[str]) -> dict[str, Any]:
@@ -310,15 +386,18 @@ def summarize(run: Run, expected: set[str]) -> dict[str, Any]:
     for f in run.faults:
         if f.recovery_s is not None:
             by_kind.setdefault(f.kind, []).append(f.recovery_s)
+    rate = steady_rate([t for t, _, _ in run.scored])
     return {
         **run.counts(expected),
         "total_s": round(run.finished, 1),
         "episodes_per_s": round(len(expected) / run.finished, 2) if run.finished else None,
+        "steady_episodes_per_s": round(rate, 2) if rate else None,
         "faults": Counter(f.kind for f in run.faults),
         "processes_exited_unkilled": run.exited,
         "processes_hung_at_stop": run.hung,
         "recovery_s_by_kind": {k: {"median": statistics.median(v), "max": max(v), "n": len(v)}
                                for k, v in sorted(by_kind.items())},
+        "not_back": Counter(f.kind for f in run.faults if f.note == "not back"),
         "fault_log": [vars(f) for f in run.faults],
     }
 
@@ -335,7 +414,9 @@ def three_node_cluster(home: Path) -> Any:
             shutil.copytree(jars, local.libs_dir(), copy_function=os.link)
         yield cluster.start(3, timeout=300)
     finally:
-        cluster.stop(timeout=10)
+        # A throwaway cluster: killed, not shut down in order (that takes seconds per node).
+        for node in cluster.running_nodes():
+            cluster.kill_node(node)
         if old is None:
             os.environ.pop(local.HOME_ENV, None)
         else:
@@ -344,17 +425,25 @@ def three_node_cluster(home: Path) -> Any:
 
 def measure(episodes: int, interval: float, kinds: list[str], baseline: bool,
             timeout_s: float, workdir: Path, whole_cluster: bool,
-            max_faults: int | None = None) -> dict[str, Any]:
+            max_faults: int | None = None, grace_s: float = 5.0,
+            processes: list[str] | None = None) -> dict[str, Any]:
+    """Without faults (when `baseline`), then with; `processes` names a subset of Pipeline's
+    (all by default)."""
     with three_node_cluster(workdir / "home") as bootstrap:
         base = load(bootstrap_servers=bootstrap, partitions=PARTITIONS)
         result: dict[str, Any] = {"episodes": episodes, "partitions": PARTITIONS,
                                   "fault_interval_s": interval, "fault_kinds": kinds}
+        ceiling = None
         if baseline:
             run, expected = one_run(base, workdir, "calm", episodes, False, interval, kinds,
-                                    timeout_s, whole_cluster=False)
+                                    timeout_s, whole_cluster=False, grace_s=grace_s,
+                                    processes=processes)
             result["without_faults"] = summarize(run, expected)
+            ceiling = steady_rate([t for t, _, _ in run.scored])
         run, expected = one_run(base, workdir, "chaos", episodes, True, interval, kinds,
-                                timeout_s, whole_cluster, max_faults)
+                                timeout_s, whole_cluster, max_faults, grace_s, processes,
+                                ceiling)
+        time_recoveries(run, ceiling)
         result["with_faults"] = summarize(run, expected)
     if baseline and result["without_faults"]["total_s"]:
         result["time_ratio_faults_vs_calm"] = round(
@@ -367,11 +456,11 @@ def run(quick: bool = False, episodes: int | None = None, interval: float | None
         timeout_s: float = 3600) -> dict[str, Any]:
     """The benchmark; sizes from the arguments, else the environment (ROLLSTREAM_CHAOS_EPISODES,
     ROLLSTREAM_CHAOS_INTERVAL_S, ROLLSTREAM_CHAOS_KINDS, ROLLSTREAM_CHAOS_BASELINE=0), else
-    10,000 episodes (quick: 400, partition-leader kills only, no baseline)."""
+    30,000 episodes (quick: 400, partition-leader kills only, no baseline)."""
     env = os.environ.get
-    episodes = episodes or int(env("ROLLSTREAM_CHAOS_EPISODES", 400 if quick else 10_000))
-    interval = interval or float(env("ROLLSTREAM_CHAOS_INTERVAL_S", 20))
-    default_kinds = "partition-leader" if quick else ",".join(PROCESS_KINDS + BROKER_KINDS)
+    episodes = episodes or int(env("ROLLSTREAM_CHAOS_EPISODES", 400 if quick else 30_000))
+    interval = interval or float(env("ROLLSTREAM_CHAOS_INTERVAL_S", 3 if quick else 10))
+    default_kinds = "partition-leader" if quick else ",".join(FAULT_ORDER)
     kinds = kinds or [k for k in env("ROLLSTREAM_CHAOS_KINDS", default_kinds).split(",") if k]
     unknown = set(kinds) - set(PROCESS_KINDS + BROKER_KINDS)
     if unknown:
@@ -387,13 +476,18 @@ def run(quick: bool = False, episodes: int | None = None, interval: float | None
                          whole_cluster=not quick)
     faults = result["with_faults"]
     broker_recovery = [v["max"] for k, v in faults["recovery_s_by_kind"].items()
-                       if k in (*BROKER_KINDS, "whole-cluster")]
+                       if k in BROKER_KINDS]
     met = (faults["lost"] == 0 and faults["duplicated"] == 0 and faults["infra"] == 0
            and not faults["processes_exited_unkilled"] and not faults["processes_hung_at_stop"]
-           and all(r < 30 for r in broker_recovery))
+           and all(r < 30 for r in broker_recovery)
+           and not any(faults["not_back"].get(k) for k in BROKER_KINDS)
+           # each broker kill scheduled was timed at least once (not only mid-restart)
+           and all(k in faults["recovery_s_by_kind"] for k in kinds if k in BROKER_KINDS))
     doc = {"quick": quick, **result, "target": {
         "description": "0 lost, 0 duplicated, 0 infra, no process exits or hangs, full "
-                       "throughput back within 30 s of every broker fault",
+                       "throughput back within 30 s of every broker kill (partition leader, "
+                       "active controller; the whole-cluster restart is reported, not "
+                       "bounded: it includes three JVM starts)",
         "met": met}}
     write_result(NAME, doc)
     rows = []
@@ -405,8 +499,9 @@ def run(quick: bool = False, episodes: int | None = None, interval: float | None
                          r["total_s"]])
     print_table("chaos", ["run", "episodes", "lost", "duplicated", "infra", "exited", "hung",
                           "total s"], rows)
-    print_table("time to full throughput after a fault (s)", ["fault", "median", "max", "n"],
-                [[k, v["median"], v["max"], v["n"]]
+    print_table("time to full throughput after a fault (s)",
+                ["fault", "median", "max", "n", "not back"],
+                [[k, v["median"], v["max"], v["n"], faults["not_back"].get(k, 0)]
                  for k, v in faults["recovery_s_by_kind"].items()])
     if "time_ratio_faults_vs_calm" in result:
         print(f"\ntotal time with faults / without: {result['time_ratio_faults_vs_calm']}")

@@ -1,7 +1,7 @@
 """Keeping GPU servers saturated: RUN's asynchronous episodes against the synchronous batch loop
 (generate all, then step all) that most RL stacks run, in the same run, against the same servers.
 
-The servers are simulated (rollstream.policy.simulated): vLLM's HTTP contract with a GPU's cost
+The servers are simulated (rollstream.dev.simulated): vLLM's HTTP contract with a GPU's cost
 model, continuous batching of at most `max_num_seqs` requests, each decode step taking
 `STEP_S + STEP_PER_SEQ_S * running` (latency grows with concurrency; throughput saturates).
 Completions are 8-48 tokens, tool calls (the environment step) 100-500 ms, 4 turns an episode,
@@ -30,10 +30,10 @@ from unittest import mock
 
 from benchmarks import print_table, write_result
 from rollstream.config import Settings
+from rollstream.dev.simulated import Fleet, SimulatedServer
 from rollstream.envs import registry
 from rollstream.envs.base import Environment, Score, StepResult
-from rollstream.inference import InferenceClient
-from rollstream.policy.simulated import Fleet, SimulatedServer
+from rollstream.inference.client import InferenceClient
 from rollstream.runtime import EventContext
 from stages.run import RunStage
 

@@ -1,6 +1,6 @@
 """Scaling by partition: RUN and EVAL with 1, 2, 4 and 8 processes on 16 partitions.
 
-The inference servers are simulated (rollstream.policy.simulated: vLLM's HTTP contract, each
+The inference servers are simulated (rollstream.dev.simulated: vLLM's HTTP contract, each
 decode step `STEP_S`) and the environment's cost is waiting (`TOOL_S` a turn, `SCORE_S` to
 score), so the figure measures the pipeline, not the CPU of a model. Each RUN and EVAL process
 works on at most `IN_FLIGHT` events at once (`--max-in-flight`), so one process has a rate of
@@ -40,9 +40,9 @@ from rollstream import kafka
 from rollstream.broker.local import resolve_bootstrap
 from rollstream.codec import codec
 from rollstream.config import Settings, load
+from rollstream.dev.simulated import Fleet, SimulatedServer
 from rollstream.envs import registry
 from rollstream.envs.base import Environment, Score, StepResult
-from rollstream.policy.simulated import Fleet, SimulatedServer
 from rollstream.topics import create_topics, delete_topics
 
 NAME = "scaling"
@@ -83,7 +83,7 @@ class Waiting(Environment):
 
 def worker(argv: list[str]) -> None:
     """One stage process with the benchmark's environment registered."""
-    from rollstream.config import log_to_stderr
+    from rollstream.cli.common import log_to_stderr
     from rollstream.runtime import StageRuntime
 
     parser = argparse.ArgumentParser()

@@ -12,7 +12,8 @@ stall; scaling the wait with the step interval keeps a slow (busy) trainer from 
 a stalled one. Before the trainer's first step the wait is `startup_s` (30 s): a trainer that
 is still loading is not a stalled one either. The bridge's staleness bound still applies.
 INIT's count of admitted tasks starts at 0 when a process starts: after a restart it may let
-up to one window more in.
+up to one window more in. A task let in again because its input was redone (a transaction that
+failed, a broker restart) is counted once: each counted id is remembered for a while.
 """
 
 from __future__ import annotations
@@ -22,12 +23,8 @@ import threading
 import time
 from collections import deque
 
-from confluent_kafka import OFFSET_BEGINNING, TopicPartition
-
-from rollstream import kafka
-from rollstream.codec import DecodeError, codec
 from rollstream.config import Settings
-from rollstream.events import POLICY_VERSION
+from rollstream.policy_versions import PolicyReader
 
 # The PolicyVersion metric in which the trainer (trainer_bridge.train_loop) reports the groups
 # it is done with: the one place this name is defined.
@@ -40,29 +37,21 @@ class PolicyFollower:
     def __init__(self, settings: Settings) -> None:
         self.version = -1
         self.consumed = 0
-        self._consumer = kafka.reader(
-            settings, [TopicPartition(settings.topics.policy, 0, OFFSET_BEGINNING)])
+        self._reader = PolicyReader(settings)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._follow, name="policy-follower", daemon=True)
         self._thread.start()
 
     def _follow(self) -> None:
         while not self._stop.is_set():
-            msg = self._consumer.poll(0.2)
-            if msg is None or msg.error() is not None:
-                continue
-            try:
-                event = codec().decode_as(POLICY_VERSION, msg.value())
-            except DecodeError:
-                continue  # not ours to judge here; the policy topic's writers are trusted
-            if event["version"] > self.version:
+            for event in self._reader.poll(0.2):
                 self.version = event["version"]
                 self.consumed = int(event["metrics"].get(CONSUMED, self.consumed))
 
     def close(self) -> None:
         self._stop.set()
         self._thread.join(5)
-        self._consumer.close()
+        self._reader.close()
 
 
 class AdmissionGate:
@@ -72,6 +61,9 @@ class AdmissionGate:
         self.stall_s = stall_s
         self.startup_s = startup_s
         self.admitted = 0
+        # Recently admitted ids (an ordered set): a redo comes soon after the first try.
+        self._recent: dict[str, None] = {}
+        self._memory = max(16 * window, 10_000)
         self.follower = PolicyFollower(settings)
         self._bonus = 0
         self._last_consumed = 0
@@ -95,7 +87,12 @@ class AdmissionGate:
             room += self.window
         return max(room, 0)
 
-    def admit(self) -> None:
+    def admit(self, task_id: str) -> None:
+        if task_id in self._recent:
+            return
+        self._recent[task_id] = None
+        if len(self._recent) > self._memory:
+            del self._recent[next(iter(self._recent))]
         self.admitted += 1
 
     def close(self) -> None:

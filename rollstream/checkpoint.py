@@ -45,11 +45,20 @@ from rollstream.config import Settings
 log = logging.getLogger("rollstream.checkpoint")
 
 CALL_TIMEOUT_S = 5.0  # the timeout given to each blocking Kafka call
-# A call not back after this long is abandoned (librdkafka bounds transactional requests by
-# transaction.timeout.ms, 15 s, whatever the call's own timeout).
-HUNG_S = 20.0
+# A checkpoint's transaction spans one commit interval (well under a second), so only a stuck
+# one reaches this; until then a crashed process's open transaction holds back read_committed
+# readers downstream, so shorter than the 15 s of other producers (rollstream.kafka).
+TRANSACTION_TIMEOUT_MS = 10_000
+# A call not back after this long is abandoned: librdkafka bounds transactional requests by
+# transaction.timeout.ms, whatever the call's own timeout, so a call still out after that waits
+# on a coordinator that is gone; each second more of waiting is a second the whole stage stands
+# still after a broker dies.
+HUNG_S = 12.0
 RETRY_S = 30.0  # how long retriable commit errors are retried before the transaction is aborted
-FENCE_LIMIT = 3
+# Two live processes with one id fence each other at every commit, so they reach the limit in
+# seconds; a broker fault fences a process at most once (its transaction timed out while the
+# coordinator moved), and faults can come a few within the window.
+FENCE_LIMIT = 5
 FENCE_WINDOW_S = 120.0
 
 # Errors after which this producer cannot go on: build a new one with the same transactional id.
@@ -84,9 +93,15 @@ class Stopped(Interrupt):
     """The caller's deadline came while waiting for the cluster."""
 
 
+def fatal(err: KafkaError) -> bool:
+    """A client that cannot go on. A consumer reports its fatal error (a static member fenced)
+    as an event whose error carries the _FATAL code but not always the fatal flag."""
+    return bool(err.fatal()) or err.code() == KafkaError._FATAL
+
+
 def classify(err: KafkaError) -> str:
     """'retry', 'abort' or 'rebuild': what a transactional producer does after `err`."""
-    if err.fatal() or err.code() in _FENCED:
+    if fatal(err) or err.code() in _FENCED:
         return "rebuild"
     if err.txn_requires_abort():
         return "abort"
@@ -259,7 +274,8 @@ class Checkpoint:
 
     def _producer(self) -> Producer:
         extra = {"on_delivery": self._delivered} if self.tracking else {}
-        return kafka.producer(self.settings, self.transactional_id, **extra)
+        return kafka.producer(self.settings, self.transactional_id,
+                              **{"transaction.timeout.ms": TRANSACTION_TIMEOUT_MS}, **extra)
 
     def _delivered(self, err: KafkaError | None, msg: Any) -> None:
         """Delivery report: a record the broker refused (e.g. over a topic's actual limit) is
@@ -340,17 +356,8 @@ class Checkpoint:
 
     def committed(self, consumer: Consumer, partitions: list[TopicPartition]
                   ) -> list[TopicPartition]:
-        """The group's committed offsets, retried while the cluster is unreachable; raises
-        Stopped when the caller's deadline comes first."""
-        while True:
-            try:
-                return consumer.committed(partitions, timeout=self._timeout())
-            except KafkaException as exc:
-                deadline = self.deadline()
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise Stopped(str(exc)) from exc
-                log.info("committed offsets: %s; trying again", exc.args[0])
-                time.sleep(0.5)
+        """The group's committed offsets (see `committed`), bounded by the caller's deadline."""
+        return committed(consumer, partitions, self._timeout, self.deadline)
 
     def close(self) -> None:
         """Abort what is open and let the producer go, all bounded."""
@@ -360,6 +367,22 @@ class Checkpoint:
             self.abort()
         if self.producer is not None:
             close_bounded(self.producer, self.call_timeout_s)
+
+
+def committed(consumer: Consumer, partitions: list[TopicPartition],
+              timeout: Callable[[], float] = lambda: CALL_TIMEOUT_S,
+              deadline: Callable[[], float | None] = lambda: None) -> list[TopicPartition]:
+    """The group's committed offsets, retried while the cluster is unreachable (each try
+    bounded by `timeout()`); raises Stopped when `deadline()` comes first."""
+    while True:
+        try:
+            return consumer.committed(partitions, timeout=timeout())
+        except KafkaException as exc:
+            until = deadline()
+            if until is not None and time.monotonic() >= until:
+                raise Stopped(str(exc)) from exc
+            log.info("committed offsets: %s; trying again", exc.args[0])
+            time.sleep(0.5)
 
 
 class _suppress_kafka:  # noqa: N801

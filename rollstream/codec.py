@@ -20,12 +20,12 @@ from fastavro.schema import fingerprint, to_parsing_canonical_form
 
 import schemas
 
-MAGIC = b"\xc3\x01"
-HEADER_LEN = 10
 # Kafka record headers naming what a record is, for kcat or a Kafka UI (the value needs no
 # header to be decoded: the single-object header already says it).
-RECORD_HEADER = "rollstream.record"
-FINGERPRINT_HEADER = "rollstream.fingerprint"
+from rollstream.wire import FINGERPRINT_HEADER, RECORD_HEADER
+
+MAGIC = b"\xc3\x01"
+HEADER_LEN = 10
 
 
 class DecodeError(ValueError):

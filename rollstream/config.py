@@ -77,7 +77,7 @@ class Settings:
     chat_template: str = field(
         default="",
         metadata={"help": "a Jinja chat template file used instead of the tokenizer's (e.g. "
-                          "one that keeps earlier reasoning: rollstream/policy/templates/)"},
+                          "one that keeps earlier reasoning: rollstream/inference/templates/)"},
     )
     chat_template_kwargs: str = field(
         default="",
@@ -184,10 +184,3 @@ def load(args: argparse.Namespace | None = None, **overrides: Any) -> Settings:
                 values[f.name] = flag
     values.update(overrides)
     return replace(settings, **values)
-
-
-def log_to_stderr() -> None:
-    """The log format of every long-running Rollstream process."""
-    import logging
-
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")

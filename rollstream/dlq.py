@@ -10,7 +10,6 @@ it is visible). So a dead letter goes back at most once, however often the comma
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -18,11 +17,11 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicPartition
 
-from rollstream import config, kafka
-from rollstream.broker import with_broker
+from rollstream import kafka
 from rollstream.codec import DecodeError, codec
 from rollstream.config import Settings
 from rollstream.events import DEAD_LETTER
+from rollstream.graph import BY_ATTR, partition_count
 
 
 @dataclass(frozen=True)
@@ -42,7 +41,7 @@ class DeadLetter:
 
 
 def ledger_topic(settings: Settings) -> str:
-    return f"{settings.topics.dlq}-redriven"
+    return settings.topics.dlq_redriven
 
 
 def _partitions(settings: Settings, topic: str) -> list[TopicPartition] | None:
@@ -101,11 +100,13 @@ def decoded(letter: DeadLetter) -> dict:
 
 
 def ensure_ledger(settings: Settings) -> None:
+    """Create the ledger as the graph declares it, for topics made before the graph had it."""
     from confluent_kafka.admin import AdminClient, NewTopic
 
+    spec = BY_ATTR["dlq_redriven"]
     admin = AdminClient(settings.kafka())
-    topic = NewTopic(ledger_topic(settings), num_partitions=1, replication_factor=1,
-                     config={"cleanup.policy": "compact"})
+    topic = NewTopic(ledger_topic(settings), num_partitions=partition_count(spec, 1),
+                     replication_factor=1, config=spec.config)
     try:
         admin.create_topics([topic])[topic.topic].result(timeout=60)
     except KafkaException as exc:
@@ -149,73 +150,3 @@ def redrive(settings: Settings, **selection: Any) -> list[DeadLetter]:
                 "source_topic": e["source_topic"], "source_partition": e["source_partition"],
                 "source_offset": e["source_offset"]}).encode(), d.coordinates)
     return todo
-
-
-# -- CLI --------------------------------------------------------------------------------------
-
-def register_cli(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser(
-        "dlq", help="inspect the dead-letter topic and send fixed events back",
-        description="Dead letters are events a stage could not decode or validate, kept with "
-                    "their reason and source coordinates. A dead letter is named by its "
-                    "coordinates on <prefix>.dlq, PARTITION:OFFSET.")
-    actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
-    listing = actions.add_parser("list", help="counts by stage, source topic and reason",
-                                 description="Group the dead letters by stage, source topic "
-                                             "and reason class, with the latest reason of each.")
-    listing.add_argument("--json", action="store_true", help="one JSON object per group")
-    show = actions.add_parser("show", help="one dead letter, its original event decoded",
-                              description="Print one dead letter as JSON; its original bytes "
-                                          "are decoded when they are a known Avro event.")
-    show.add_argument("at", metavar="PARTITION:OFFSET")
-    again = actions.add_parser(
-        "redrive", help="re-publish selected dead letters to their source topics, once",
-        description="Re-publish the original key and bytes of the selected dead letters to "
-                    "their source topic and partition, in one transaction that also records "
-                    "them as redriven: running it again sends nothing twice. Select with "
-                    "--stage, --reason and --at (all must match), or --all.")
-    again.add_argument("--stage", help="only dead letters from this stage (init, run, ...)")
-    again.add_argument("--reason", help="only those whose reason contains this text")
-    again.add_argument("--at", action="append", metavar="PARTITION:OFFSET",
-                       help="only this dead letter (repeatable)")
-    again.add_argument("--all", action="store_true", help="every dead letter not yet redriven")
-    again.add_argument("--dry-run", action="store_true", help="list what would be sent")
-    for p in (listing, show, again):
-        config.add_arguments(p)
-    parser.set_defaults(func=run)
-
-
-def run(args: argparse.Namespace) -> int:
-    settings = with_broker(config.load(args))
-    if args.action == "list":
-        rows = summary(list(dead_letters(settings)), redriven(settings))
-        if args.json:
-            for row in rows:
-                print(json.dumps(row))
-        else:
-            print(f"{sum(r['count'] for r in rows)} dead letters on {settings.topics.dlq}")
-            for r in rows:
-                print(f"{r['count']:6d}  {r['stage']:<6} {r['source_topic']:<28} {r['reason']:<12}"
-                      f" redriven {r['redriven']}  latest {r['latest_at']}: {r['latest']}")
-        return 0
-    if args.action == "show":
-        match = select(list(dead_letters(settings)), at=[args.at])
-        if not match:
-            raise SystemExit(f"no dead letter at {args.at} on {settings.topics.dlq}")
-        print(json.dumps(decoded(match[0]), indent=2, default=str))
-        return 0
-    selection = {"stage": args.stage, "reason": args.reason, "at": args.at}
-    if not args.all and not any(selection.values()):
-        raise SystemExit("say which dead letters to redrive: --stage, --reason, --at or --all")
-    if args.dry_run:
-        done = redriven(settings)
-        for d in select(list(dead_letters(settings)), **selection):
-            if d.coordinates not in done:
-                print(f"{d.coordinates} -> {d.event['source_topic']}[{d.event['source_partition']}]"
-                      f"  {d.event['reason']}")
-        return 0
-    sent = redrive(settings, **selection)
-    for d in sent:
-        print(f"{d.coordinates} -> {d.event['source_topic']}[{d.event['source_partition']}]")
-    print(f"redriven {len(sent)}")
-    return 0

@@ -5,8 +5,8 @@ Everything else derives from this table: topic names (`Topics`), consumer-group 
 (`Topics.group`), `rollstream topics create`, each stage's input (`input_of`), and the tests that
 check every stage's outputs and the README's diagram against it.
 
-Not in it: the topics a tool keeps for itself, created by that tool (`rollstream dlq`'s ledger
-<p>.dlq-redriven; `rollstream stats`'s <p>.stats and its faust changelogs).
+Not in it: the changelog topics of `rollstream stats`'s faust tables, which faust names,
+creates and sizes itself.
 
 Configs are set explicitly per topic instead of relying on broker defaults, so the same
 `topics create` gives the same topics on the bundled broker, a container or a production cluster.
@@ -18,20 +18,17 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from rollstream import events
+from rollstream.wire import MAX_MESSAGE_BYTES
 
 MIB = 1024 * 1024
 DAY_MS = 24 * 3600 * 1000
-# Largest event on the trajectory path. A 32k-token trajectory (int32 ids + float32 logprobs) is
-# about 256 KiB plus its text; long multi-turn episodes with big tool outputs need far more.
-# Producers and consumers on these topics must allow it too (librdkafka's message.max.bytes).
-MAX_MESSAGE_BYTES = 16 * MIB
 
 # Consumer groups (each named <prefix>.<group>, see Topics.group).
 INIT, RUN, EVAL, BRIDGE, STATS = "init", "run", "eval", "bridge", "stats"
 PRINTER = "printer"  # `rollstream bridge`, which prints batches instead of training
 STAGES = (INIT, RUN, EVAL)
 # Writers that are not consumer groups; `redrive` (`rollstream dlq redrive`) sends dead letters
-# back to the topic they came from.
+# back to the topic they came from (and records them on <p>.dlq-redriven).
 PRODUCERS, TRAINER, REDRIVE = "producers", "trainer", "redrive"
 
 
@@ -41,10 +38,11 @@ class Topic:
 
     attr: str
     suffix: str
-    record: str  # the Avro record of its values ("": empty marker values, not Avro)
+    record: str  # the Avro record of its values ("": not Avro, see `values`)
     key: str  # what the key is
     doc: str
     writers: tuple[str, ...]
+    values: str = ""  # what the values are when they are not Avro records
     groups: tuple[str, ...] = ()  # consumer groups that read it (committed offsets)
     # Readers without a group: they assign partitions and read from an offset.
     followers: tuple[str, ...] = ()
@@ -129,7 +127,7 @@ GRAPH: tuple[Topic, ...] = (
         "seen", "seen", "", "<stage>/<id>",
         "ids INIT and EVAL have handled, on their input's partition; compacted (their "
         "deduplication memory, rollstream.dedup)",
-        writers=(INIT, EVAL), followers=(INIT, EVAL),
+        writers=(INIT, EVAL), followers=(INIT, EVAL), values="(empty marker)",
         config=_config(retention_ms=7 * DAY_MS, compression="lz4", max_bytes=1 * MIB,
                        **{"cleanup.policy": "compact,delete", "min.cleanable.dirty.ratio": "0.1"}),
     ),
@@ -141,6 +139,24 @@ GRAPH: tuple[Topic, ...] = (
         # because someone has to look at it.
         config=_config(retention_ms=30 * DAY_MS, compression="lz4",
                        max_bytes=MAX_MESSAGE_BYTES + MIB),
+    ),
+    Topic(
+        "dlq_redriven", "dlq-redriven", "", "<p>.dlq coordinates (partition:offset)",
+        "the dead letters `rollstream dlq redrive` sent back, written in the transaction that "
+        "sends them: a dead letter is redriven once",
+        writers=(REDRIVE,), followers=("dlq",), values="JSON source coordinates",
+        # Compacted and kept forever: a forgotten entry could be redriven a second time.
+        config=_config(retention_ms=-1, compression="lz4", max_bytes=1 * MIB,
+                       **{"cleanup.policy": "compact"}),
+        partitions=1,
+    ),
+    Topic(
+        "stats", "stats", "", "`summary`",
+        "`rollstream stats`'s latest summary (all-time, 10 s and 1 min windows), for dashboards",
+        writers=(STATS,), values="JSON summary",
+        config=_config(retention_ms=-1, compression="lz4", max_bytes=1 * MIB,
+                       **{"cleanup.policy": "compact"}),
+        partitions=1,
     ),
 )
 
@@ -208,6 +224,14 @@ class Topics:
     def dlq(self) -> str:
         return self._name("dlq")
 
+    @cached_property
+    def dlq_redriven(self) -> str:
+        return self._name("dlq_redriven")
+
+    @cached_property
+    def stats(self) -> str:
+        return self._name("stats")
+
 
 def table() -> str:
     """The graph as the Markdown table in the README (a test keeps the two equal)."""
@@ -215,7 +239,7 @@ def table() -> str:
             "| --- | --- | --- | --- | --- | --- |"]
     for t in GRAPH:
         readers = [f"**{g}**" for g in t.groups] + list(t.followers)
-        record = t.record or "(empty marker)"
+        record = t.record or t.values
         rows.append(
             f"| `<p>.{t.suffix}` | {record} | {t.key} | {t.partitions or '`--partitions`'} "
             f"| {', '.join(t.writers)} | {', '.join(readers)} |")

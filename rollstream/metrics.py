@@ -69,6 +69,24 @@ SERVER_EPISODES = Gauge("rollstream_router_server_episodes", "Episodes pinned to
 SERVER_HEALTHY = Gauge("rollstream_router_server_healthy", "1 if a server is in rotation",
                        ["server"])
 
+CONTROLLER_APPLIED = Counter("rollstream_controller_policy_versions_applied_total",
+                             "Policy versions the controller loaded into a server", ["server"])
+CONTROLLER_FAILURES = Counter("rollstream_controller_update_failures_total",
+                              "Weight updates a server refused or failed (retried later)",
+                              ["server"])
+CONTROLLER_UPDATE_SECONDS = Histogram("rollstream_controller_update_seconds",
+                                      "Time to apply one policy version to one server "
+                                      "(successful updates)", ["server"],
+                                      buckets=(.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30,
+                                               60, 120, 300, 600))
+CONTROLLER_SERVERS = Gauge("rollstream_controller_servers",
+                           "Servers listed to the controller at its last check")
+CONTROLLER_HEALTHY = Gauge("rollstream_controller_servers_healthy",
+                           "Listed servers that reported their policy version at the "
+                           "controller's last check")
+CONTROLLER_VERSION = Gauge("rollstream_controller_latest_policy_version",
+                           "The newest policy version the controller has read")
+
 _sandboxes: weakref.WeakSet[Any] = weakref.WeakSet()
 SANDBOXES = Gauge("rollstream_sandboxes_alive", "Sandboxes created and not yet destroyed")
 SANDBOXES.set_function(lambda: sum(1 for s in list(_sandboxes) if not s.closed))
@@ -265,6 +283,22 @@ def server_probed(server: Any) -> None:
     SERVER_LOAD.labels(server.url).set(load)
     SERVER_EPISODES.labels(server.url).set(server.episodes)
     SERVER_HEALTHY.labels(server.url).set(1 if server.usable else 0)
+
+
+def policy_update(server: str, ok: bool, seconds: float) -> None:
+    """The controller applied (or failed to apply) a policy version to one server."""
+    if ok:
+        CONTROLLER_APPLIED.labels(server).inc()
+        CONTROLLER_UPDATE_SECONDS.labels(server).observe(seconds)
+    else:
+        CONTROLLER_FAILURES.labels(server).inc()
+
+
+def servers_checked(version: int, listed: int, healthy: int) -> None:
+    """The controller's last look at its servers, while keeping them on `version`."""
+    CONTROLLER_VERSION.set(version)
+    CONTROLLER_SERVERS.set(listed)
+    CONTROLLER_HEALTHY.set(healthy)
 
 
 def track_sandbox(sandbox: Any) -> None:

@@ -58,6 +58,7 @@ from rollstream.checkpoint import (
     Rewind,
     Stopped,
     close_bounded,
+    fatal,
 )
 from rollstream.codec import DecodeError, codec
 from rollstream.config import Settings, Topics
@@ -291,7 +292,14 @@ class StageRuntime:
         msgs = [first, *self.consumer.consume(limit - 1, timeout=0)] if limit > 1 else [first]
         self._idle = len(msgs) < limit
         if self._needs_rewind or self._consumer_failed is not None:
-            return  # a callback in this poll threw away the state these events need
+            # A callback in this poll threw away the state these events need. A fatal error
+            # among them is still seen: a static member fenced while its session was lost
+            # reports it right after the loss, and only once; dropped, the consumer is dead and
+            # the process waits forever on it.
+            failed = next((m.error() for m in msgs if m.error() is not None
+                           and fatal(m.error())), None)
+            self._consumer_failed = self._consumer_failed or failed
+            return
         if not self._async:
             self._run_sync(msgs)
             return
@@ -349,7 +357,7 @@ class StageRuntime:
         consumer error, a partition revoked meanwhile, or an event already done (skipped)."""
         err = msg.error()
         if err is not None:
-            if err.fatal():
+            if fatal(err):
                 self._consumer_failed = err
             else:
                 log.info("stage %s: consumer: %s", self.stage.name, err)
@@ -562,7 +570,7 @@ class StageRuntime:
                                 on_revoke=self._on_revoke, on_lost=self._on_lost)
 
     def _on_error(self, err: KafkaError) -> None:
-        if err.fatal():
+        if fatal(err):
             self._consumer_failed = err
         else:  # the client reconnects by itself (a broker restarting, a leader moving)
             log.info("stage %s: %s", self.stage.name, err)
@@ -600,19 +608,28 @@ class StageRuntime:
             self._needs_rewind = True  # the partitions we keep are redone from their commits
         except Stopped:
             pass  # stopping anyway: the next owner redoes what was not committed
+        self._forget_partitions(parts)
+        self.stage.on_revoke(sorted(parts))
+
+    def _forget_partitions(self, parts: set[int]) -> None:
+        """Partitions leaving this process: their progress goes, and the ones paused are
+        resumed first: librdkafka keeps a partition's pause through its revocation, so one
+        assigned back later would stay paused while `_paused` no longer names it (an INIT
+        paused by admission stopped for good after a broker restart that way)."""
+        paused = parts & self._paused
+        if paused:
+            with contextlib.suppress(KafkaException):
+                self.consumer.resume([TopicPartition(self.topic, p) for p in paused])
         for p in parts:
             self._progress.pop(p, None)
             self._paused.discard(p)
-        self.stage.on_revoke(sorted(parts))
 
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         if consumer is not self.consumer:
             return
         log.warning("stage %s: lost %s", self.stage.name, [tp.partition for tp in partitions])
         self.metrics.rebalanced("lost")
-        for tp in partitions:
-            self._progress.pop(tp.partition, None)
-            self._paused.discard(tp.partition)
+        self._forget_partitions({tp.partition for tp in partitions})
         # What the open transaction holds may be for the lost partitions: it must not commit.
         self.checkpoint.abort()
         self._needs_rewind = True

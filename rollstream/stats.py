@@ -1,34 +1,36 @@
 """`rollstream stats`: live analytics of a pipeline, a faust-streaming application.
 
 It reads `scored`, `trajectories`, `policy` and `dlq` in its own consumer group
-(`<prefix>.stats`) and keeps three tables of the same sums: all-time, tumbling 10 s windows and
-hopping 1 min windows (advancing by 10 s), by the events' timestamps. From them it serves, as
-JSON at /stats on Faust's web server, and publishes every few seconds to the compacted topic
-`<prefix>.stats` (key `summary`): episodes and episodes/s (over the 1 min window), reward by
-policy version and by environment, failure-class counts, turns and sampled tokens per episode,
-latency percentiles (INIT -> RUN start, the episode in RUN, RUN -> EVAL) from the events' own
-timestamps, trajectories by termination, and dead letters by stage.
+(`<prefix>.stats`) and serves, as JSON at /stats on Faust's web server, and publishes every few
+seconds to the compacted topic `<prefix>.stats` (key `summary`): all-time sums, the current
+10 s tumbling window and the 1 min hopping window (advancing by 10 s) that holds the stream's
+latest event: episodes and episodes/s (over the 1 min window), reward by policy version and by
+environment, failure-class counts, turns and sampled tokens per episode, latency percentiles
+(INIT -> RUN start, the episode in RUN, RUN -> EVAL) from the events' own timestamps,
+trajectories by termination, and dead letters by stage.
 
 Why faust here and not in the stages: its tables cannot take part in the stages' Kafka
 transactions, but analytics only read. It runs with `processing_guarantee=exactly_once`, which
-reads committed data only (aborted stage outputs are not counted) and commits its table
-changelogs (topics `<prefix>.stats-*-changelog` on the same cluster) with its offsets.
+reads committed data only, so aborted stage outputs are not counted.
 
-Table keys carry the source partition (`metric|label|partition`): each changelog partition then
-holds the sums of one source partition, so a restart or a rebalance recovers exact sums.
+Exact after a crash: faust (0.15) sends a table's changelog records with its plain producer,
+outside the transaction that commits its input offsets, so a SIGKILL between the two leaves
+the changelog holding updates for events past the committed offsets; the restarted worker
+recovers them and then reads those events again (at least once), and running totals count
+them twice (a manual run once showed 43 for 40). So the one table (`events`, changelog
+`<prefix>.stats-events-changelog` on the same cluster) holds what each event adds, keyed by
+the event's identity (episode id; a dead letter's source coordinates): an event read again
+writes the same key, and every report is summed from the table when it is asked for. The table
+grows with the episodes counted (one small record each).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from rollstream import config
-from rollstream.broker import with_broker
 from rollstream.codec import DecodeError, codec, unpack_ids
 from rollstream.config import Settings
 from rollstream.events import DEAD_LETTER, POLICY_VERSION, SCORED_TRAJECTORY, TRAJECTORY
@@ -119,24 +121,32 @@ def summarize(sums: dict[tuple[str, str], float]) -> dict[str, Any]:
     }
 
 
-def _split(key: str) -> tuple[str, str]:
-    metric, label, _partition = key.split("|")
-    return metric, label
-
-
-def _add_up(items: Any) -> dict[tuple[str, str], float]:
+def _add_up(entries: list[dict[str, Any]]) -> dict[tuple[str, str], float]:
     sums: dict[tuple[str, str], float] = {}
-    for key, value in items:
-        mk = _split(key)
-        sums[mk] = sums.get(mk, 0.0) + value
+    for entry in entries:
+        for metric, label, amount in entry["sums"]:
+            sums[metric, label] = sums.get((metric, label), 0.0) + amount
     return sums
+
+
+def windows(entries: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """All entries, those in the 10 s tumbling window and those in the oldest 1 min hopping
+    window (10 s hops) that hold the newest entry's time (the stream's time, as faust's
+    `relative_to_stream` windows)."""
+    if not entries:
+        return {"total": [], "this_10s": [], "last_1m": []}
+    now = max(e["at_s"] for e in entries)
+    tumbling = now - now % 10
+    hopping = tumbling - 50
+    return {"total": entries,
+            "this_10s": [e for e in entries if tumbling <= e["at_s"] < tumbling + 10],
+            "last_1m": [e for e in entries if hopping <= e["at_s"] < hopping + 60]}
 
 
 def build_app(settings: Settings, web_port: int, datadir: Path, partitions: int,
               web_host: str = "127.0.0.1") -> Any:
     import faust
 
-    prefix = settings.prefix
     app = faust.App(
         settings.topics.group(STATS),  # the app id is its consumer group
         broker=[f"kafka://{b}" for b in settings.bootstrap_servers.split(",")],
@@ -150,6 +160,9 @@ def build_app(settings: Settings, web_port: int, datadir: Path, partitions: int,
         web_bind=web_host,
         web_in_thread=False,
         consumer_auto_offset_reset="earliest",
+        # A crashed worker's partitions move after 10 s, not faust's default 60 s.
+        broker_session_timeout=10.0,
+        broker_heartbeat_interval=3.0,
     )
     raw = {"key_serializer": "raw", "value_serializer": "raw"}
     topics = settings.topics
@@ -157,23 +170,13 @@ def build_app(settings: Settings, web_port: int, datadir: Path, partitions: int,
     trajectories = app.topic(topics.trajectories, value_type=bytes, **raw)
     dlq = app.topic(topics.dlq, value_type=bytes, **raw)
     policy = app.topic(topics.policy, value_type=bytes, **raw)
-    stats_topic = app.topic(f"{prefix}.stats", partitions=1, compacting=True, internal=True,
-                            **raw)
-    table = {"key_type": str, "value_type": float, "default": float, "partitions": partitions}
-    total = app.Table("totals", **table)
-    tumbling = app.Table("tumbling-10s", **table).tumbling(
-        10, expires=timedelta(minutes=5), key_index=True).relative_to_stream()
-    hopping = app.Table("hopping-1m", **table).hopping(
-        60, 10, expires=timedelta(minutes=10), key_index=True).relative_to_stream()
+    # Declared in the graph (`topics create` makes it); faust creates it alike if it is missing.
+    stats_topic = app.topic(topics.stats, partitions=1, compacting=True, internal=True, **raw)
+    # What each event adds, by the event's identity: see the module docstring.
+    events = app.Table("events", key_type=str, value_type=dict,  # JSON in the changelog
+                       partitions=partitions)
     latest_policy = app.Table("policy", key_type=str, value_type=float, default=float,
                               partitions=1)
-
-    def add(partition: int, sums: list[tuple[str, str, float]]) -> None:
-        for metric, label, amount in sums:
-            key = f"{metric}|{label}|{partition}"
-            total[key] += amount
-            tumbling[key] += amount
-            hopping[key] += amount
 
     def decoded(record: str, value: bytes) -> dict | None:
         try:
@@ -181,19 +184,27 @@ def build_app(settings: Settings, web_port: int, datadir: Path, partitions: int,
         except DecodeError:
             return None  # the stages dead-letter what they cannot read; nothing to count here
 
-    def counter(topic: Any, record: str, sums: Any) -> None:
-        """An agent adding `sums(event)` to the tables for every `record` event on `topic`."""
+    def counter(topic: Any, record: str, identity: Any, sums: Any) -> None:
+        """An agent recording `sums(event)` under `identity(event)` for every `record` event
+        on `topic` (once: an event read again finds its key)."""
         async def count(stream: Any) -> None:
             async for event in stream.events():
                 value = decoded(record, event.value)
-                if value is not None:
-                    add(event.message.partition, sums(value))
+                if value is None:
+                    continue
+                key = f"{record}|{identity(value)}"
+                if key not in events:
+                    events[key] = {"at_s": event.message.timestamp, "sums": sums(value)}
 
         app.agent(topic, name=f"count-{record}")(count)
 
-    counter(scored, SCORED_TRAJECTORY, scored_sums)
-    counter(trajectories, TRAJECTORY, lambda t: [("trajectories", t["termination"], 1.0)])
-    counter(dlq, DEAD_LETTER, lambda d: [("dead_letters", d["stage"], 1.0)])
+    counter(scored, SCORED_TRAJECTORY, lambda e: e["trajectory"]["episode_id"], scored_sums)
+    counter(trajectories, TRAJECTORY, lambda t: t["episode_id"],
+            lambda t: [("trajectories", t["termination"], 1.0)])
+    counter(dlq, DEAD_LETTER,
+            lambda d: f"{d['stage']}|{d['source_topic']}|{d['source_partition']}|"
+                      f"{d['source_offset']}",
+            lambda d: [("dead_letters", d["stage"], 1.0)])
 
     @app.agent(policy)
     async def on_policy(stream: Any) -> None:
@@ -204,16 +215,14 @@ def build_app(settings: Settings, web_port: int, datadir: Path, partitions: int,
                 latest_policy["created_at_ms"] = float(value["created_at_ms"])
 
     def snapshot() -> dict[str, Any]:
-        # now(): the current 10 s window; the oldest 1 min window holding this moment.
-        last_1m = summarize(_add_up(list(hopping.items().now())))
+        report = {name: summarize(_add_up(entries))
+                  for name, entries in windows(list(events.values())).items()}
         return {
             "at_ms": int(time.time() * 1000),
             "policy_version": (int(latest_policy["version"])
                                if "version" in latest_policy else None),
-            "episodes_per_s": last_1m["episodes"] / 60,
-            "total": summarize(_add_up(list(total.items()))),
-            "this_10s": summarize(_add_up(list(tumbling.items().now()))),
-            "last_1m": last_1m,
+            "episodes_per_s": report["last_1m"]["episodes"] / 60,
+            **report,
         }
 
     @app.page("/stats")
@@ -229,43 +238,3 @@ def build_app(settings: Settings, web_port: int, datadir: Path, partitions: int,
         await stats_topic.send(key=b"summary", value=json.dumps(snapshot()).encode())
 
     return app
-
-
-def register_cli(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser(
-        "stats", help="live analytics (faust-streaming): windowed tables served as JSON",
-        description="Read scored, trajectories, policy and dlq in the consumer group "
-                    "<prefix>.stats and keep all-time, 10 s tumbling and 1 min hopping tables: "
-                    "episodes/s, reward by policy version and by environment, failure classes, "
-                    "turns and tokens per episode, stage latency percentiles, dead letters. "
-                    "Serves them at http://127.0.0.1:PORT/stats and publishes them to the "
-                    "compacted topic <prefix>.stats.")
-    parser.add_argument("--web-port", type=int, default=6066, help="port of the JSON server")
-    parser.add_argument("--web-host", default="127.0.0.1",
-                        help="address the JSON server listens on (0.0.0.0 in a container)")
-    parser.add_argument("--datadir", type=Path, default=Path(".rollstream/stats"),
-                        help="faust's local state directory")
-    config.add_arguments(parser)
-    parser.set_defaults(func=run)
-
-
-def run(args: argparse.Namespace) -> int:
-    from confluent_kafka.admin import AdminClient
-
-    try:
-        import faust
-    except ImportError as exc:
-        raise SystemExit("rollstream stats needs faust-streaming: pip install "
-                         "'rollstream[stats]'") from exc
-
-    settings = with_broker(config.load(args))
-    scored = settings.topics.scored
-    meta = AdminClient(settings.kafka()).list_topics(scored, timeout=30).topics.get(scored)
-    if meta is None or meta.error is not None:
-        raise SystemExit(f"topic {scored} does not exist (rollstream topics create)")
-    # The tables' changelogs must have as many partitions as the topics they count.
-    datadir = args.datadir / settings.prefix
-    datadir.mkdir(parents=True, exist_ok=True)
-    app = build_app(settings, args.web_port, datadir, len(meta.partitions), args.web_host)
-    faust.Worker(app, loglevel="INFO").execute_from_commandline()
-    return 0

@@ -12,24 +12,21 @@ stages' /metrics URLs are given.
 
 from __future__ import annotations
 
-import argparse
-import json
 import time
 import urllib.error
 import urllib.request
 from typing import Any
 
-from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from rollstream import config, kafka, metrics
-from rollstream.broker import with_broker
-from rollstream.codec import DecodeError, codec
+from rollstream import kafka, policy_versions
 from rollstream.config import Settings
-from rollstream.events import POLICY_VERSION
 from rollstream.graph import BRIDGE, STAGES, input_of
 
 EXACT_LAG_LIMIT = 20_000
+_COORDINATOR_NOT_READY = (KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+                          KafkaError.COORDINATOR_NOT_AVAILABLE)
 # (stage, consumer group suffix, input topic attribute of Topics), from the topic graph
 STAGE_GROUPS = tuple(("train" if g == BRIDGE else g, g, input_of(g).attr)
                      for g in (*STAGES, BRIDGE))
@@ -54,9 +51,37 @@ class Inspector:
         self.probe = kafka.reader(settings, [])
         self.metrics_urls = metrics_urls or []
         self._previous: tuple[float, dict[str, int]] | None = None
+        self._probes: dict[str, Consumer] = {}
 
     def close(self) -> None:
         self.probe.close()
+        for probe in self._probes.values():
+            probe.close()
+
+    def _group_probe(self, group: str) -> Consumer:
+        """A consumer with the group's id that never joins it, for its committed offsets: the
+        admin client's OffsetFetch (librdkafka 2.16) crashes the process or times out while a
+        fresh broker's group coordinator is loading; the consumer's own path retries."""
+        if group not in self._probes:
+            self._probes[group] = Consumer({**self.settings.kafka(), "group.id": group,
+                                            "enable.auto.commit": False})
+        return self._probes[group]
+
+    def committed(self, group: str, topic: str, parts: list[int],
+                  timeout_s: float = 30.0) -> list[TopicPartition]:
+        """The group's committed offsets; retried while the coordinator is not ready yet (a
+        fresh broker answers NOT_COORDINATOR or loading for a few seconds)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                return self._group_probe(group).committed(
+                    [TopicPartition(topic, p) for p in parts], timeout=timeout_s)
+            except KafkaException as exc:
+                err: KafkaError = exc.args[0]
+                if (err.code() not in _COORDINATOR_NOT_READY and not err.retriable()
+                        or time.monotonic() > deadline):
+                    raise
+                time.sleep(0.5)
 
     def partitions(self, topic: str) -> list[int]:
         meta = self.probe.list_topics(topic, timeout=10).topics.get(topic)
@@ -79,9 +104,7 @@ class Inspector:
         group = self.settings.topics.group(group_suffix)
         topic = getattr(self.settings.topics, topic_attr)
         parts = self.partitions(topic)
-        request = ConsumerGroupTopicPartitions(group, [TopicPartition(topic, p) for p in parts])
-        committed = self.admin.list_consumer_group_offsets([request])[group].result(timeout=30)
-        starts = {tp.partition: tp.offset for tp in committed.topic_partitions}
+        starts = {tp.partition: tp.offset for tp in self.committed(group, topic, parts)}
         lag, exact = self.pending(topic, starts)
         description = self.admin.describe_consumer_groups([group])[group].result(timeout=30)
         members = [{"client_id": m.client_id, "host": m.host,
@@ -109,14 +132,7 @@ class Inspector:
                                                      cached=False)
         # Each version is one record and one transaction marker: the newest is in the last few.
         tail = [TopicPartition(topic, 0, max(low, high - 10))]
-        newest = None
-        for msg in kafka.read_partitions(self.settings, tail):
-            try:
-                event = codec().decode_as(POLICY_VERSION, msg.value())
-            except DecodeError:
-                continue
-            if newest is None or event["version"] > newest["version"]:
-                newest = event
+        newest = policy_versions.latest(self.settings, tail)
         if newest is None:
             return None
         return {"version": newest["version"], "uri": newest["uri"],
@@ -124,7 +140,7 @@ class Inspector:
                 "mean_reward": newest["metrics"].get("mean_reward")}
 
     def servers(self) -> list[dict[str, Any]]:
-        from rollstream.inference import parse_load
+        from rollstream.inference.client import parse_load
 
         rows = []
         for url in self.settings.policy_urls():
@@ -192,57 +208,3 @@ def render(snap: dict[str, Any]) -> Any:
         lines.append(f"server {srv['url']}: {'up' if srv['healthy'] else 'DOWN'}"
                      + (f" ({load})" if load else ""))
     return Group(*lines)
-
-
-def register_cli(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser(
-        "status", help="stage groups, lag, rates, dead letters, policy version, servers",
-        description="Show the pipeline of one prefix: per stage group its members and "
-                    "partitions, lag (events waiting past its committed offsets; '~' marks an "
-                    "estimate when very many wait), events/s over the interval, in-flight "
-                    "events (with --metrics-url); dead letters; the newest policy version; "
-                    "inference servers' health and load (--policy-url). With --watch and "
-                    "--metrics-port it also serves lag, members, committed offsets, dead "
-                    "letters and the policy version as Prometheus gauges.")
-    parser.add_argument("--json", action="store_true", help="print one JSON object per refresh")
-    parser.add_argument("--watch", action="store_true", help="refresh until interrupted")
-    parser.add_argument("--interval", type=float, default=2.0,
-                        help="seconds between looks (the events/s window)")
-    parser.add_argument("--metrics-url", action="append", default=[],
-                        help="a process's /metrics URL, for in-flight counts (repeatable)")
-    config.add_arguments(parser)
-    parser.set_defaults(func=run)
-
-
-def run(args: argparse.Namespace) -> int:
-    settings = with_broker(config.load(args))
-    metrics.serve(settings.metrics_port)
-    inspector = Inspector(settings, args.metrics_url)
-    try:
-        metrics.pipeline_status(inspector.snapshot())  # the first look: rates need two
-        if args.json:
-            while True:
-                time.sleep(args.interval)
-                snapshot = inspector.snapshot()
-                metrics.pipeline_status(snapshot)
-                print(json.dumps(snapshot), flush=True)
-                if not args.watch:
-                    return 0
-        from rich.live import Live
-
-        time.sleep(args.interval)
-        if not args.watch:
-            from rich.console import Console
-
-            Console().print(render(inspector.snapshot()))
-            return 0
-        with Live(render(inspector.snapshot()), auto_refresh=False) as live:
-            while True:
-                time.sleep(args.interval)
-                snapshot = inspector.snapshot()
-                metrics.pipeline_status(snapshot)
-                live.update(render(snapshot), refresh=True)
-    except KeyboardInterrupt:
-        return 0
-    finally:
-        inspector.close()

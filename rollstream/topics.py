@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import argparse
 import time
 from typing import Any
 
-from rollstream.graph import GRAPH, MAX_MESSAGE_BYTES, Topic, Topics, partition_count
+from rollstream.graph import GRAPH, Topic, Topics, partition_count
+from rollstream.wire import MAX_MESSAGE_BYTES
 
 __all__ = ["MAX_MESSAGE_BYTES", "TOPIC_SPECS", "create_topics", "delete_topics", "describe_topics"]
 
@@ -147,71 +147,3 @@ def describe_topics(bootstrap: str, prefix: str = "rollstream", timeout: float =
 
 
 # ------------------------------------------------------------------------------------------ CLI
-
-
-def _settings(args: argparse.Namespace) -> tuple[Any, str]:
-    from rollstream.broker import with_broker
-    from rollstream.config import load
-
-    settings = with_broker(load(args))
-    return settings, settings.bootstrap_servers
-
-
-def _create(args: argparse.Namespace) -> int:
-    settings, bootstrap = _settings(args)
-    created = create_topics(
-        bootstrap, settings.prefix, settings.partitions, args.replication_factor
-    )
-    topics = Topics(settings.prefix)
-    for spec in TOPIC_SPECS:
-        name = spec.name(topics)
-        print(f"{'created' if name in created else 'exists '}  {name}")
-    print(f"{len(created)} created, {len(TOPIC_SPECS) - len(created)} already there ({bootstrap})")
-    return 0
-
-
-def _list(args: argparse.Namespace) -> int:
-    settings, bootstrap = _settings(args)
-    rows = describe_topics(bootstrap, settings.prefix)
-    if not rows:
-        print(f"no {settings.prefix}.* topics on {bootstrap}; run `rollstream topics create`")
-        return 1
-    width = max(len(r["name"]) for r in rows)
-    for row in rows:
-        conf = " ".join(f"{k}={v}" for k, v in row["config"].items())
-        print(f"{row['name']:<{width}}  partitions={row['partitions']:<3} {conf}")
-    missing = len(TOPIC_SPECS) - len(rows)
-    if missing:
-        print(f"{missing} topic(s) of the graph missing; run `rollstream topics create`")
-    return 0
-
-
-def register_cli(sub: Any) -> None:
-    """Add `topics create|list` to the `rollstream` command's subparsers."""
-    from rollstream.config import add_arguments
-
-    parser = sub.add_parser(
-        "topics",
-        help="create or list the pipeline's Kafka topics",
-        description="The topics under one prefix: "
-        + "; ".join(f"{s.suffix}: {s.doc}" for s in TOPIC_SPECS),
-    )
-    commands = parser.add_subparsers(dest="topics_command", metavar="ACTION", required=True)
-
-    p = commands.add_parser(
-        "create",
-        help="create the topics with their configs (idempotent: existing ones are kept)",
-        description="Create "
-        + ", ".join(f"<prefix>.{s.suffix}" for s in TOPIC_SPECS)
-        + ". The broker is KAFKA_BOOTSTRAP_SERVERS, else --bootstrap-servers, "
-        "else the bundled local broker (started if needed).",
-    )
-    add_arguments(p)
-    p.add_argument(
-        "--replication-factor", type=int, default=1, help="replicas per partition (default 1)"
-    )
-    p.set_defaults(func=_create)
-
-    p = commands.add_parser("list", help="show the topics, partition counts and configs")
-    add_arguments(p)
-    p.set_defaults(func=_list)

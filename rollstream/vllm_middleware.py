@@ -1,18 +1,18 @@
 """An ASGI middleware for vLLM's server that stamps each completion with the policy version.
 
 vLLM does not say which weights produced a response. Loaded with
-`vllm serve ... --middleware rollstream.vllm_middleware.PolicyVersionMiddleware` (this file needs
-only the standard library, so it can be mounted into the vLLM image), every /v1/completions
-response carries `X-Rollstream-Policy-Version`, as the embedded policy server's do, and
-`POST /rollstream/policy_version {"version": N | null}` sets it (GET reads it).
+`vllm serve ... --middleware rollstream.vllm_middleware.PolicyVersionMiddleware` (this file and
+`rollstream.wire` need only the standard library, so they can be mounted into the vLLM image),
+every /v1/completions response carries `X-Rollstream-Policy-Version`, as the embedded policy
+server's do, and `POST /rollstream/policy_version {"version": N | null}` sets it (GET reads it).
 
 For vLLM releases without weight labels (0.12). vLLM 0.33 labels responses itself
 (`choices[].weight_versions`), and the controller uses that instead: this middleware's stamp is
 per process, so it would be wrong with several API-server processes.
 
-Why it is exact: the inference controller (rollstream/controller.py) reloads full weights on
-0.12 as `/pause?wait_for_inflight_requests=true` (running requests finish on the old weights,
-new ones are held) → set version null → reload → set version N (or back to the previous one
+Why it is exact: the inference controller (rollstream/inference/controller.py) reloads full
+weights on 0.12 as `/pause?wait_for_inflight_requests=true` (running requests finish on the old
+weights, new ones are held) → set version null → reload → set version N (or back to the previous one
 when the reload failed) → `/resume` (held requests run on the new weights). The header is
 written when a response starts, which for a non-streamed completion is after its last token;
 a response that starts inside the window carries no version, and RUN samples that turn again
@@ -27,8 +27,9 @@ import os
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-VERSION_PATH = "/rollstream/policy_version"
-HEADER = b"x-rollstream-policy-version"  # rollstream.inference.POLICY_VERSION_HEADER, lowercased
+from rollstream.wire import POLICY_VERSION_HEADER, VERSION_PATH
+
+HEADER = POLICY_VERSION_HEADER.lower().encode()  # ASGI header names are lowercase bytes
 STAMPED_PATHS = ("/v1/completions", "/v1/chat/completions")
 
 Scope = MutableMapping[str, Any]

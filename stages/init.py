@@ -54,7 +54,7 @@ class InitStage(Stage):
         if not self.seen.claim(ctx.partition, task["task_id"]):
             return []
         if self.gate is not None:
-            self.gate.admit()
+            self.gate.admit(task["task_id"])
         now = int(time.time() * 1000)
         return [self.seen.marker(ctx.partition, task["task_id"])] + [
             Output(self.topics.episodes, episode_id(task["task_id"], i), EPISODE, {

@@ -7,13 +7,13 @@ message follows), the turn starts a new sample (Turn.new_sample) holding the who
 context; history is never silently re-tokenized. The template is the embedded policy's, or a
 real model's from a local tokenizer directory (`--tokenizer-path`).
 
-Inference goes through rollstream.routing.Router: an episode stays on one server (prefix cache),
-new episodes go to the least-loaded healthy server, and when every server is at its cap RUN
+Inference goes through rollstream.inference.routing.Router: an episode stays on one server (prefix
+cache), new episodes go to the least-loaded healthy server, and when every server is at its cap RUN
 takes no new episodes (`capacity`, which the runtime checks before consuming). A failed call
-(timeout, refused, 5xx) is retried with backoff within RETRY_DELAYS_S, on another server when
-its own is down; past the budget the episode ends as INFRA_ERROR, never as a reward. A server
-inside a weight update (paused, or answering without a version) is waited for instead, for up
-to UPDATE_WINDOW_S, without spending that budget.
+(timeout, refused, 5xx) is retried with backoff within RETRY_DELAYS_S, on another server when its
+own is down; past the budget the episode ends as INFRA_ERROR, never as a reward. A server inside a
+weight update (paused, or answering without a version) is waited for instead, for up to
+UPDATE_WINDOW_S, without spending that budget.
 
 After every turn the unfinished trajectory is written to <p>.episode-state (keyed by episode
 id, co-partitioned with <p>.episodes); a RUN process that takes over a partition reads those
@@ -37,7 +37,8 @@ from rollstream.config import Settings
 from rollstream.envs.harness import HarnessEnv
 from rollstream.envs.registry import UnknownEnv, get_env
 from rollstream.events import EPISODE, TRAJECTORY
-from rollstream.inference import (
+from rollstream.inference.chat import ChatTemplate, EmbeddedChatTemplate
+from rollstream.inference.client import (
     Completion,
     ContextOverflow,
     InferenceUnavailable,
@@ -45,8 +46,7 @@ from rollstream.inference import (
     ServerUpdating,
     TextMismatch,
 )
-from rollstream.policy.chat import ChatTemplate, EmbeddedChatTemplate
-from rollstream.routing import Router
+from rollstream.inference.routing import Router
 from rollstream.runtime import EventContext, InvalidEvent, Output, Stage
 
 if TYPE_CHECKING:
@@ -116,7 +116,7 @@ class RunStage(Stage):
                 raise ValueError("--chat-template and --chat-template-kwargs need "
                                  "--tokenizer-path (the embedded policy has one template)")
             return EmbeddedChatTemplate()
-        from rollstream.policy.hf_template import HFChatTemplate  # tokenizers only when used
+        from rollstream.inference.hf_template import HFChatTemplate  # tokenizers only when used
 
         try:
             kwargs = json.loads(settings.chat_template_kwargs or "{}")

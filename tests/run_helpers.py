@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from producers.publish import validate_task
 from rollstream.config import Settings
-from rollstream.policy.chat import ChatTemplate
+from rollstream.inference.chat import ChatTemplate
 from rollstream.runtime import EventContext
 from stages.run import RunStage
 

@@ -29,8 +29,8 @@ def test_capacity_is_the_window_beyond_what_the_trainer_consumed(settings: Setti
     gate = AdmissionGate(settings, window=3, stall_s=60)
     try:
         assert gate.capacity() == 3
-        for _ in range(3):
-            gate.admit()
+        for i in range(3):
+            gate.admit(f"t{i}")
         assert gate.capacity() == 0  # the tasks partitions get paused
         publish_version(settings, 1, consumed=2)
         wait_for(lambda: gate.capacity() == 2)
@@ -41,11 +41,21 @@ def test_capacity_is_the_window_beyond_what_the_trainer_consumed(settings: Setti
         gate.close()
 
 
+def test_a_task_let_in_again_after_a_rewind_is_counted_once(settings: Settings) -> None:
+    gate = AdmissionGate(settings, window=2, stall_s=60)
+    try:
+        gate.admit("t0")
+        gate.admit("t0")  # its input redone: the transaction that let it in had failed
+        assert gate.capacity() == 1
+    finally:
+        gate.close()
+
+
 def test_a_starting_trainer_is_not_taken_for_a_stalled_one(settings: Settings) -> None:
     gate = AdmissionGate(settings, window=2, stall_s=0.3, startup_s=60)
     try:
-        gate.admit()
-        gate.admit()
+        gate.admit("t0")
+        gate.admit("t1")
         time.sleep(0.4)
         assert gate.capacity() == 0  # no step yet: past stall_s, within startup_s
     finally:
@@ -55,8 +65,8 @@ def test_a_starting_trainer_is_not_taken_for_a_stalled_one(settings: Settings) -
 def test_a_stalled_trainer_gets_one_more_window(settings: Settings) -> None:
     gate = AdmissionGate(settings, window=2, stall_s=0.3, startup_s=0.3)
     try:
-        gate.admit()
-        gate.admit()
+        gate.admit("t0")
+        gate.admit("t1")
         assert gate.capacity() == 0
         time.sleep(0.4)
         assert gate.capacity() == 2  # no progress for stall_s: the loop must not deadlock

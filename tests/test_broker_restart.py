@@ -22,7 +22,7 @@ from producers.publish import publish
 from rollstream import kafka
 from rollstream.broker import local
 from rollstream.config import Settings, load
-from rollstream.processes import ProcessGroup, free_port, wait_http
+from rollstream.dev.processes import ProcessGroup, free_port, wait_http
 from rollstream.topics import create_topics
 from tests.test_pipeline import GROUP, make_tasks
 

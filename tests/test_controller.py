@@ -12,11 +12,12 @@ import aiohttp
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from rollstream.controller import Applied, apply_policy, current_version, lora_name
-from rollstream.policy.model import build_model, save
-from rollstream.policy.server import BackgroundServer
-from rollstream.processes import free_port
-from rollstream.vllm_middleware import VERSION_PATH, PolicyVersionMiddleware
+from rollstream.dev.background import BackgroundServer
+from rollstream.dev.processes import free_port
+from rollstream.inference.controller import Applied, apply_policy, current_version
+from rollstream.policy_server.model import build_model, save
+from rollstream.vllm_middleware import PolicyVersionMiddleware
+from rollstream.wire import VERSION_PATH, lora_name
 
 
 def policy_event(version: int, uri: str, kind: str = "full") -> dict:

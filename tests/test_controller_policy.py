@@ -18,11 +18,11 @@ from confluent_kafka import TopicPartition
 from rollstream import kafka
 from rollstream.codec import codec
 from rollstream.config import Settings
-from rollstream.controller import Controller
-from rollstream.policy.model import build_model, save
-from rollstream.policy.server import BackgroundServer
+from rollstream.dev.background import BackgroundServer
+from rollstream.inference.controller import Controller
+from rollstream.policy_server.model import build_model, save
 from rollstream.runtime import StageRuntime
-from rollstream.vllm_middleware import VERSION_PATH
+from rollstream.wire import VERSION_PATH
 from stages.run import RunStage
 from tests.run_helpers import guess_episodes
 

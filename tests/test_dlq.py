@@ -13,7 +13,7 @@ from producers.publish import validate_task
 from rollstream import dlq, kafka
 from rollstream.codec import codec
 from rollstream.config import Settings
-from rollstream.processes import ProcessGroup
+from rollstream.dev.processes import ProcessGroup
 
 
 def tasks_on(settings: Settings, partition: int) -> list[bytes]:

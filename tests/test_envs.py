@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from rollstream.cli.envs import register_cli
 from rollstream.codec import codec, pack_ids, pack_logprobs
 from rollstream.envs import registry
 from rollstream.envs.base import Environment, InvalidTask, Score, StepResult
-from rollstream.envs.cli import register_cli
 from rollstream.envs.registry import UnknownEnv, get_env, list_envs
 
 TASKS_DIR = Path(__file__).resolve().parents[1] / "examples" / "tasks"

@@ -20,13 +20,13 @@ import pytest
 
 import stages.run
 from rollstream.codec import unpack_ids
+from rollstream.dev.background import BackgroundServer
+from rollstream.dev.processes import free_port
+from rollstream.dev.scripted import Script, create_app
 from rollstream.envs.swe.tool_calls import ToolCall, hermes
 from rollstream.gateway.server import Gateway, GatewayEpisode
-from rollstream.policy.chat import EmbeddedChatTemplate
-from rollstream.policy.scripted import Script, create_app
-from rollstream.policy.server import BackgroundServer
-from rollstream.policy.tokenizer import END, ByteTokenizer
-from rollstream.processes import free_port
+from rollstream.inference.chat import EmbeddedChatTemplate
+from rollstream.inference.tokenizer import END, ByteTokenizer
 from rollstream.runtime import EventContext, Output
 from stages.run import RunStage
 from tests.run_helpers import run_settings
@@ -282,7 +282,7 @@ BASH_TOOL = {"type": "function", "function": {
 
 def test_a_hugging_face_template_gets_tools_and_tool_calls(tmp_path: Path) -> None:
     from rollstream.gateway.messages import PromptBuilder, assistant_message, normalize
-    from rollstream.policy.hf_template import HFChatTemplate
+    from rollstream.inference.hf_template import HFChatTemplate
     from tests.test_hf_template import tokenizer_dir
 
     template = HFChatTemplate(tokenizer_dir(tmp_path / "tok", TOOL_TEMPLATE))

@@ -147,7 +147,7 @@ def test_readme_diagram_draws_only_edges_of_the_graph() -> None:
 
 
 def test_the_demo_reads_every_partition_each_topic_has(settings: Settings, tmp_path: Path) -> None:
-    from rollstream.loop import ClosedLoop, LoopConfig
+    from rollstream.dev.loop import ClosedLoop, LoopConfig
 
     loop = ClosedLoop(settings, tmp_path, LoopConfig())
     try:

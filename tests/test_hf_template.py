@@ -12,8 +12,8 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from rollstream.codec import unpack_ids
-from rollstream.policy.hf_template import HFChatTemplate, TemplateError
-from rollstream.policy.simulated import Fleet, SimulatedServer
+from rollstream.dev.simulated import Fleet, SimulatedServer
+from rollstream.inference.hf_template import HFChatTemplate, TemplateError
 from tests.run_helpers import guess_episodes, play, run_settings
 
 # Qwen2.5-style: every message rendered the same whatever follows it (append-only).

@@ -14,7 +14,10 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from rollstream.inference import (
+from rollstream.dev.background import BackgroundServer
+from rollstream.dev.simulated import Fleet, SimulatedServer
+from rollstream.inference.chat import EmbeddedChatTemplate
+from rollstream.inference.client import (
     BadRequest,
     Completion,
     ContextOverflow,
@@ -24,10 +27,7 @@ from rollstream.inference import (
     parse_load,
     request_body,
 )
-from rollstream.policy.chat import EmbeddedChatTemplate
-from rollstream.policy.server import BackgroundServer
-from rollstream.policy.simulated import Fleet, SimulatedServer
-from rollstream.policy.tokenizer import END
+from rollstream.inference.tokenizer import END
 
 FIXTURES = Path(__file__).parent / "fixtures"
 VLLM_REQUEST = json.loads((FIXTURES / "vllm_completion_request.json").read_text())

@@ -25,8 +25,8 @@ from rollstream import kafka
 from rollstream.cli import main as cli
 from rollstream.codec import codec, pack_ids, pack_logprobs
 from rollstream.config import Settings, load
+from rollstream.dev.processes import ProcessGroup, free_port, wait_http
 from rollstream.envs.registry import get_env
-from rollstream.processes import ProcessGroup, free_port, wait_http
 from rollstream.topics import create_topics, delete_topics
 from tests.avro_reference import Reference
 

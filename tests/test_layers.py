@@ -32,6 +32,9 @@ def test_the_tree_keeps_every_layer_rule() -> None:
 @pytest.mark.parametrize(("module", "forbidden", "contract"), [
     ("rollstream/codec.py", "import stages.eval", "The runtime never imports"),
     ("rollstream/runtime.py", "from trainer_bridge import groups", "The runtime never imports"),
+    ("rollstream/inference/routing.py", "import rollstream.dev.simulated",
+     "The runtime never imports"),
+    ("rollstream/dev/loop.py", "import stages.init", "never import stages"),
     ("stages/eval.py", "from stages.init import episode_id", "No stage imports another stage"),
     ("trainer_bridge/groups.py", "import stages.run", "never import stages"),
     ("producers/replay.py", "import stages.init", "never import stages"),

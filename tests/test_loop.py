@@ -13,8 +13,8 @@ from producers.publish import publish
 from rollstream import kafka
 from rollstream.codec import codec
 from rollstream.config import Settings
-from rollstream.loop import ClosedLoop, LoopConfig
-from rollstream.processes import ProcessGroup
+from rollstream.dev.loop import ClosedLoop, LoopConfig
+from rollstream.dev.processes import ProcessGroup
 from tests.scored_factory import scored, turn
 
 

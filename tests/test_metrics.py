@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from producers.publish import publish, validate_task
 from rollstream import kafka
 from rollstream.config import Settings
-from rollstream.processes import ProcessGroup, free_port
+from rollstream.dev.processes import ProcessGroup, free_port
 
 
 def scrape(port: int) -> dict[tuple[str, tuple], float]:
@@ -116,3 +116,55 @@ def test_sandboxes_alive_counts_created_and_not_destroyed() -> None:
     assert REGISTRY.get_sample_value("rollstream_sandboxes_alive") == before + 3
     asyncio.run(boxes[0].destroy())
     assert REGISTRY.get_sample_value("rollstream_sandboxes_alive") == before + 2
+
+
+def test_the_controller_serves_its_updates(settings: Settings, tmp_path: Path) -> None:
+    """A real controller process, one live embedded server and one that is down: the version
+    applied, the update latency and the failures per server, the servers that answer."""
+    from rollstream.codec import codec
+    from rollstream.dev.background import BackgroundServer
+    from rollstream.policy_server.model import build_model, save
+
+    checkpoint = tmp_path / "step-1.safetensors"
+    save(build_model(seed=1), checkpoint, version=1)
+    producer = kafka.producer(settings)
+    kafka.produce(producer, settings.topics.policy, codec().encode("PolicyVersion", {
+        "version": 1, "kind": "full", "uri": str(checkpoint), "step_id": "step-1",
+        "metrics": {}, "created_at_ms": int(time.time() * 1000)}), key="policy", partition=0)
+    producer.flush(10)
+    down = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    port = free_port()
+    procs = ProcessGroup(tmp_path)
+    with BackgroundServer() as live:
+        procs.start("controller", "controller", "--bootstrap-servers",
+                    settings.bootstrap_servers, "--prefix", settings.prefix,
+                    "--policy-url", f"{live},{down}", "--health-interval-s", "0.3",
+                    "--metrics-port", str(port))
+        try:
+            deadline = time.monotonic() + 60
+            samples: dict = {}
+            while (value(samples, "rollstream_controller_update_failures_total",
+                         server=down) < 2
+                   or value(samples, "rollstream_controller_policy_versions_applied_total",
+                            server=live) < 1):
+                procs.check_alive()
+                assert time.monotonic() < deadline, f"the controller reported {samples}"
+                time.sleep(0.3)
+                try:
+                    samples = scrape(port)
+                except OSError:
+                    continue  # not listening yet
+        finally:
+            procs.stop_all()
+
+    # Applied once: the live server then reports version 1 and is left alone.
+    assert value(samples, "rollstream_controller_policy_versions_applied_total",
+                 server=live) == 1
+    assert value(samples, "rollstream_controller_update_seconds_count", server=live) == 1
+    assert value(samples, "rollstream_controller_update_seconds_sum", server=live) > 0
+    assert value(samples, "rollstream_controller_update_failures_total", server=live) == 0
+    assert value(samples, "rollstream_controller_policy_versions_applied_total",
+                 server=down) == 0
+    assert value(samples, "rollstream_controller_servers") == 2
+    assert value(samples, "rollstream_controller_servers_healthy") == 1
+    assert value(samples, "rollstream_controller_latest_policy_version") == 1

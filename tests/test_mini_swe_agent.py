@@ -25,8 +25,8 @@ from producers.publish import load_tasks, publish, validate_task
 from rollstream import kafka
 from rollstream.codec import codec
 from rollstream.config import Settings
+from rollstream.dev.processes import ProcessGroup, free_port, wait_http
 from rollstream.envs import mini_swe_agent
-from rollstream.processes import ProcessGroup, free_port, wait_http
 from tests.sandbox_helpers import needs_bwrap, sandbox_root
 from tests.test_swe_pipeline import SHIPPED, scored
 from trainer_bridge.groups import GroupPolicy

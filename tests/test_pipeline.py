@@ -19,8 +19,8 @@ from producers.replay import replay
 from rollstream import kafka
 from rollstream.codec import codec
 from rollstream.config import Settings
+from rollstream.dev.processes import ProcessGroup, free_port, wait_http
 from rollstream.envs.registry import get_env
-from rollstream.processes import ProcessGroup, free_port, wait_http
 from trainer_bridge.bridge import TrainerBridge
 from trainer_bridge.groups import GroupPolicy
 

@@ -13,20 +13,21 @@ import aiohttp
 import pytest
 import torch
 
-from rollstream.inference import POLICY_VERSION_HEADER, InferenceClient
-from rollstream.policy.chat import EmbeddedChatTemplate
-from rollstream.policy.model import (
+from rollstream.dev.background import BackgroundServer
+from rollstream.inference.chat import EmbeddedChatTemplate
+from rollstream.inference.client import InferenceClient
+from rollstream.inference.sampling import SamplingParams
+from rollstream.inference.tokenizer import ASSISTANT, END, EOS, USER, VOCAB_SIZE, ByteTokenizer
+from rollstream.policy_server.model import (
     ContextLengthError,
     DecodeBatch,
-    SamplingParams,
     Sequence,
     build_model,
     generate,
     load,
     save,
 )
-from rollstream.policy.server import BackgroundServer
-from rollstream.policy.tokenizer import ASSISTANT, END, EOS, USER, VOCAB_SIZE, ByteTokenizer
+from rollstream.wire import POLICY_VERSION_HEADER
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TEMPLATE = EmbeddedChatTemplate()

@@ -15,9 +15,11 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from rollstream.policy.chat import EmbeddedChatTemplate
-from rollstream.policy.model import SamplingParams, Sequence, build_model
-from rollstream.policy.server import BackgroundServer, Engine
+from rollstream.dev.background import BackgroundServer
+from rollstream.inference.chat import EmbeddedChatTemplate
+from rollstream.inference.sampling import SamplingParams
+from rollstream.policy_server.engine import Engine
+from rollstream.policy_server.model import Sequence, build_model
 
 FIXTURES = Path(__file__).parent / "fixtures"
 PROMPT = EmbeddedChatTemplate().first_prompt("Say something.")

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from rollstream.config import Settings
-from rollstream.processes import ProcessGroup, free_port, wait_http
+from rollstream.dev.processes import ProcessGroup, free_port, wait_http
 from tests.test_status import start_pipeline
 
 PROMETHEUS = shutil.which("prometheus")

@@ -20,14 +20,14 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 from transformers import PreTrainedTokenizerFast
 
 from rollstream.codec import unpack_ids
-from rollstream.policy.chat import sample_count
-from rollstream.policy.hf_template import HFChatTemplate
-from rollstream.policy.simulated import Fleet, SimulatedServer
+from rollstream.dev.simulated import Fleet, SimulatedServer
+from rollstream.inference.chat import sample_count
+from rollstream.inference.hf_template import HFChatTemplate
 from stages.run import RunStage, conversation
 from tests.run_helpers import guess_episodes, play, run_settings
 
 TEMPLATES = Path(__file__).parent / "fixtures" / "chat_templates"
-SHIPPED = Path(__file__).parents[1] / "rollstream" / "policy" / "templates"
+SHIPPED = Path(__file__).parents[1] / "rollstream" / "inference" / "templates"
 QWEN3 = TEMPLATES / "Qwen-Qwen3-0.6B.jinja"
 QWEN3_KEEP = SHIPPED / "qwen3-keep-reasoning.jinja"
 R1 = TEMPLATES / "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja"

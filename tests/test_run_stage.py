@@ -17,9 +17,9 @@ from producers.publish import validate_task
 from rollstream import kafka
 from rollstream.codec import codec, pack_ids, pack_logprobs, unpack_ids
 from rollstream.config import Settings
-from rollstream.policy.chat import EmbeddedChatTemplate
-from rollstream.policy.simulated import Fleet, SimulatedServer
-from rollstream.processes import ProcessGroup, free_port, wait_http
+from rollstream.dev.processes import ProcessGroup, free_port, wait_http
+from rollstream.dev.simulated import Fleet, SimulatedServer
+from rollstream.inference.chat import EmbeddedChatTemplate
 from rollstream.runtime import StageRuntime
 from stages.run import RunStage
 

@@ -10,7 +10,7 @@ from confluent_kafka import TopicPartition
 from producers.publish import publish, validate_task
 from rollstream import kafka
 from rollstream.config import Settings
-from rollstream.processes import ProcessGroup
+from rollstream.dev.processes import ProcessGroup
 
 
 def test_sigterm_commits_and_exits_cleanly(settings: Settings, tmp_path: Path) -> None:

@@ -1,9 +1,10 @@
 """`rollstream stats` (faust-streaming) on the real broker: its tables equal a direct count of
-the topics it reads."""
+the topics it reads, also after the app is SIGKILLed mid-run."""
 
 from __future__ import annotations
 
 import json
+import threading
 import time
 import urllib.request
 from collections import Counter
@@ -16,7 +17,7 @@ from confluent_kafka.admin import AdminClient
 from rollstream import kafka
 from rollstream.codec import codec
 from rollstream.config import Settings
-from rollstream.processes import ProcessGroup, free_port
+from rollstream.dev.processes import ProcessGroup, free_port
 from tests.scored_factory import scored
 
 N = 60
@@ -70,15 +71,36 @@ def direct_count(settings: Settings) -> tuple[Counter, dict[str, float], Counter
     return episodes, rewards, classes
 
 
+def start_stats(procs: ProcessGroup, settings: Settings, port: int, datadir: Path) -> None:
+    procs.start("stats", "stats", "--bootstrap-servers", settings.bootstrap_servers,
+                "--prefix", settings.prefix, "--web-port", str(port), "--datadir", str(datadir))
+
+
+def fetch(port: int) -> dict:
+    """The app's /stats, or {} while it is not answering."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/stats", timeout=5) as r:
+            return json.loads(r.read())
+    except OSError:
+        return {}
+
+
+def delete_stats_topics(settings: Settings) -> None:
+    admin = AdminClient(settings.kafka())
+    ours = [t for t in admin.list_topics(timeout=10).topics
+            if t.startswith(f"{settings.prefix}.stats")]
+    if ours:
+        for f in admin.delete_topics(ours).values():
+            f.result()
+
+
 @pytest.mark.slow
 def test_stats_tables_equal_a_direct_count(settings: Settings, tmp_path: Path) -> None:
     produce_events(settings)
     produced_at = time.time()
     port = free_port()
     procs = ProcessGroup(tmp_path)
-    procs.start("stats", "stats", "--bootstrap-servers", settings.bootstrap_servers,
-                "--prefix", settings.prefix, "--web-port", str(port),
-                "--datadir", str(tmp_path / "data"))
+    start_stats(procs, settings, port, tmp_path / "data")
     try:
         deadline = time.monotonic() + 90
         snap: dict = {}
@@ -86,11 +108,7 @@ def test_stats_tables_equal_a_direct_count(settings: Settings, tmp_path: Path) -
             procs.check_alive()
             assert time.monotonic() < deadline, f"stats never counted {N} episodes: {snap}"
             time.sleep(1)
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/stats", timeout=5) as r:
-                    snap = json.loads(r.read())
-            except OSError:
-                continue
+            snap = fetch(port)
         published = None
         while published is None or published["total"]["episodes"] != N:
             assert time.monotonic() < deadline, "nothing published to the stats topic"
@@ -100,12 +118,7 @@ def test_stats_tables_equal_a_direct_count(settings: Settings, tmp_path: Path) -
                 published = json.loads(msg.value())
     finally:
         procs.stop_all()
-        admin = AdminClient(settings.kafka())
-        ours = [t for t in admin.list_topics(timeout=10).topics
-                if t.startswith(f"{settings.prefix}.stats")]
-        if ours:
-            for f in admin.delete_topics(ours).values():
-                f.result()
+        delete_stats_topics(settings)
 
     episodes, rewards, classes = direct_count(settings)
     assert sum(episodes.values()) == N  # the aborted one is not in the topic either
@@ -128,3 +141,61 @@ def test_stats_tables_equal_a_direct_count(settings: Settings, tmp_path: Path) -
     if time.time() - produced_at < 45:  # the 1 min window still holds every event
         assert snap["last_1m"]["episodes"] == N
     assert published["total"]["by_version"] == total["by_version"]
+
+
+@pytest.mark.slow
+def test_stats_totals_stay_exact_after_a_sigkill(settings: Settings, tmp_path: Path) -> None:
+    """Events keep arriving while the app is SIGKILLed (between its changelog writes and its
+    offset commit) and restarted: the totals still equal a direct count, nothing twice."""
+    n, batch = 600, 10
+    producer = kafka.producer(settings, f"{settings.prefix}.fill")
+    producer.init_transactions(30)
+
+    def produce() -> None:
+        for start in range(0, n, batch):
+            producer.begin_transaction()
+            for i in range(start, start + batch):
+                event = scored(f"k{i // 4}", i % 4, 1.0 if i % 2 else 0.0, version=i % 3)
+                producer.produce(settings.topics.scored,
+                                 codec().encode("ScoredTrajectory", event),
+                                 event["trajectory"]["episode_id"])
+            producer.commit_transaction(30)
+            time.sleep(0.3)  # about 20 s of arrivals: the kill lands among them
+
+    port = free_port()
+    procs = ProcessGroup(tmp_path)
+    start_stats(procs, settings, port, tmp_path / "data")
+    filler = threading.Thread(target=produce)
+    filler.start()
+    try:
+        deadline = time.monotonic() + 120
+        while fetch(port).get("total", {}).get("episodes", 0) < 2 * batch:
+            procs.check_alive()
+            assert time.monotonic() < deadline, "stats never counted the first events"
+            time.sleep(0.2)
+        time.sleep(1.5)  # inside faust's 2.8 s commit interval: counted, not all committed
+        counted_before = fetch(port).get("total", {}).get("episodes", 0)
+        procs.kill("stats")
+        start_stats(procs, settings, port, tmp_path / "data")
+        filler.join(120)
+        snap: dict = {}
+        while snap.get("total", {}).get("episodes") != n:
+            procs.check_alive()
+            assert time.monotonic() < deadline, f"after the restart: {snap.get('total')}"
+            time.sleep(0.5)
+            snap = fetch(port)
+        time.sleep(4)  # longer than a commit interval: anything counted twice would show
+        snap = fetch(port)
+    finally:
+        filler.join(120)
+        procs.stop_all()
+        delete_stats_topics(settings)
+
+    assert 0 < counted_before < n, "the kill did not land mid-run"
+    episodes, rewards, _ = direct_count(settings)
+    assert sum(episodes.values()) == n
+    total = snap["total"]
+    assert total["episodes"] == n
+    assert {v: row["episodes"] for v, row in total["by_version"].items()} == episodes
+    for version, row in total["by_version"].items():
+        assert row["mean_reward"] * row["rewarded"] == pytest.approx(rewards[version])

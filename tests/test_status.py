@@ -15,7 +15,7 @@ from confluent_kafka import TopicPartition
 from producers.publish import publish, validate_task
 from rollstream import kafka
 from rollstream.config import Settings
-from rollstream.processes import ProcessGroup, free_port, wait_http
+from rollstream.dev.processes import ProcessGroup, free_port, wait_http
 from tests.test_metrics import scrape, value
 
 TASKS, GROUP = 12, 2

@@ -22,7 +22,7 @@ from producers.publish import load_tasks, publish
 from rollstream import kafka
 from rollstream.codec import codec
 from rollstream.config import Settings
-from rollstream.processes import ProcessGroup, free_port, wait_http
+from rollstream.dev.processes import ProcessGroup, free_port, wait_http
 from tests.sandbox_helpers import needs_bwrap, sandbox_root
 
 __all__ = ["sandbox_root"]

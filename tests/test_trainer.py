@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rollstream.policy import model as tiny
+from rollstream.policy_server import model as tiny
 from tests.scored_factory import scored, turn
 from trainer_bridge.bridge import Batch
 from trainer_bridge.groups import GroupAssembler, Sample

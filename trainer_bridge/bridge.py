@@ -19,15 +19,24 @@ PolicyVersion and open a new bridge (trainer_bridge/train_loop.py does this).
 from __future__ import annotations
 
 import hashlib
+import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import TopicPartition
+from confluent_kafka import KafkaException, TopicPartition
 
 from rollstream import kafka
-from rollstream.checkpoint import Checkpoint, Rewind, close_bounded
+from rollstream.checkpoint import (
+    RETRY_S,
+    Checkpoint,
+    Rewind,
+    classify,
+    close_bounded,
+    fatal,
+)
+from rollstream.checkpoint import committed as read_committed
 from rollstream.codec import DecodeError, codec
 from rollstream.config import Settings
 from rollstream.events import SCORED_TRAJECTORY
@@ -35,6 +44,8 @@ from rollstream.graph import BRIDGE
 from rollstream.offsets import PartitionProgress, decode_done
 from rollstream.runtime import Output, dead_letter
 from trainer_bridge.groups import Group, GroupAssembler, GroupPolicy, Sample
+
+log = logging.getLogger("trainer_bridge.bridge")
 
 
 @dataclass
@@ -97,7 +108,7 @@ class TrainerBridge:
 
     def _on_assign(self, consumer: Any, partitions: list[TopicPartition]) -> None:
         committed = (self.checkpoint.committed(consumer, partitions) if self.checkpoint
-                     else consumer.committed(partitions, timeout=30))
+                     else read_committed(consumer, partitions))
         for tp in committed:
             skip = decode_done(tp.offset, tp.metadata) if tp.offset >= 0 else set()
             self.progress[tp.partition] = PartitionProgress(tp.offset, skip)
@@ -144,7 +155,7 @@ class TrainerBridge:
 
     def _accept(self, msg: Any) -> None:
         if msg.error() is not None:
-            if msg.error().fatal():  # e.g. a static member fenced: this bridge cannot go on
+            if fatal(msg.error()):  # e.g. a static member fenced: this bridge cannot go on
                 raise Rewind(f"consumer failed: {msg.error()}")
             return
         progress = self.progress.get(msg.partition())
@@ -203,9 +214,26 @@ class TrainerBridge:
             if outputs:
                 self.producer.flush(30)  # outputs before the offsets that pass them
             if offsets:
-                self.consumer.commit(offsets=offsets, asynchronous=False)
+                self._commit_offsets(offsets)
         for prog in self.progress.values():
             prog.dirty = False
+
+    def _commit_offsets(self, offsets: list[TopicPartition]) -> None:
+        """A plain offset commit, tried again while the cluster moves its coordinator or a
+        broker restarts (a raised error used to end the process); one the group refuses
+        (a rebalance took the partitions, the session was lost) raises Rewind: the next owner
+        gets these events again (at least once, as without transactions)."""
+        started = time.monotonic()
+        while True:
+            try:
+                self.consumer.commit(offsets=offsets, asynchronous=False)
+                return
+            except KafkaException as exc:
+                err = exc.args[0]
+                if classify(err) != "retry" or time.monotonic() - started > RETRY_S:
+                    raise Rewind(f"offset commit: {err}") from exc
+                log.info("offset commit: %s; trying again", err)
+                time.sleep(0.5)
 
     def close(self) -> None:
         """Leave the group and let the producer go (bounded: a cluster that does not answer

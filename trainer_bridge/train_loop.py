@@ -18,12 +18,9 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
-from confluent_kafka import OFFSET_BEGINNING, TopicPartition
-
-from rollstream import kafka, metrics
+from rollstream import metrics, policy_versions
 from rollstream.admission import CONSUMED
 from rollstream.checkpoint import Rewind
-from rollstream.codec import codec
 from rollstream.config import Settings
 from rollstream.events import POLICY_VERSION
 from rollstream.runtime import Output
@@ -32,17 +29,6 @@ from trainer_bridge.groups import GroupPolicy
 from trainer_bridge.trainer import GRPOConfig, GRPOTrainer, HFPolicy, TinyPolicy
 
 log = logging.getLogger("rollstream.train")
-
-
-def latest_policy(settings: Settings) -> dict | None:
-    """The newest committed PolicyVersion on <p>.policy, or None."""
-    latest = None
-    for msg in kafka.read_partitions(
-            settings, [TopicPartition(settings.topics.policy, 0, OFFSET_BEGINNING)]):
-        event = codec().decode_as(POLICY_VERSION, msg.value())
-        if latest is None or event["version"] > latest["version"]:
-            latest = event
-    return latest
 
 
 def groups_consumed(stats: dict[str, int]) -> int:
@@ -85,7 +71,7 @@ def _train_from_latest(settings: Settings, checkpoint_dir: Path, *, groups_per_b
                        init_checkpoint: Path | None, hf_model: Path | None,
                        max_steps: int | None, idle_timeout_s: float | None,
                        on_step: Callable[[dict], None]) -> None:
-    latest = latest_policy(settings)
+    latest = policy_versions.latest(settings)
     start = Path(latest["uri"]) if latest is not None else (hf_model or init_checkpoint)
     policy = HFPolicy(start) if hf_model is not None else TinyPolicy(start)
     trainer = GRPOTrainer(policy, checkpoint_dir, policy.version, config)

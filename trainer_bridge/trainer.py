@@ -45,10 +45,10 @@ class PolicyModel(Protocol):
 
 
 class TinyPolicy:
-    """The embedded policy (rollstream.policy.model.TinyLM) as a trainable PolicyModel."""
+    """The embedded policy (rollstream.policy_server.model.TinyLM) as a trainable PolicyModel."""
 
     def __init__(self, checkpoint: Path | None = None, seed: int = 0) -> None:
-        from rollstream.policy import model as tiny
+        from rollstream.policy_server import model as tiny
 
         self._tiny = tiny
         self.model, self.version = (tiny.load(checkpoint) if checkpoint is not None

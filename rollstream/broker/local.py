@@ -33,13 +33,13 @@ from pathlib import Path
 from typing import Any
 
 from rollstream.config import Settings
+from rollstream.wire import MAX_MESSAGE_BYTES
 
 HOME_ENV = "ROLLSTREAM_HOME"
 HEAP_ENV = "ROLLSTREAM_BROKER_HEAP"
 BOOTSTRAP_ENV = "KAFKA_BOOTSTRAP_SERVERS"
 POM = Path(__file__).with_name("pom.xml")
 HOST = "127.0.0.1"  # loopback only: a dev broker with no auth must not be reachable from outside
-MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 
 # Broker settings besides listeners and paths. Also used to configure a Kafka container the same way
 # (tests/conftest.py), so both brokers behave alike.

@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rollstream.envs.swe.tool_calls import ToolCall, hermes, parse_tool_calls
-from rollstream.policy.chat import EmbeddedChatTemplate
+from rollstream.inference.chat import EmbeddedChatTemplate
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 

@@ -37,14 +37,14 @@ from aiohttp import web
 
 from rollstream.envs.base import StepResult
 from rollstream.gateway.messages import BadChatRequest, PromptBuilder, assistant_message, normalize
-from rollstream.inference import (
+from rollstream.inference.chat import ChatTemplate
+from rollstream.inference.client import (
     Completion,
     ContextOverflow,
     InferenceError,
     InferenceUnavailable,
     TextMismatch,
 )
-from rollstream.policy.chat import ChatTemplate
 from rollstream.runtime import EventContext
 from rollstream.sandbox import SandboxError
 

@@ -18,27 +18,8 @@ import uuid
 from pathlib import Path
 
 from rollstream import config
-from rollstream.loop import LoopConfig
-from rollstream.policy.chat import sample_count
-
-
-def register_cli(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser(
-        "demo", help="run the whole RL loop on the embedded defaults, then summarize and plot",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tasks", type=int, default=LoopConfig.tasks,
-                        help="copy_letter tasks to publish")
-    parser.add_argument("--group-size", type=int, default=8)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--timeout", type=float, default=280.0,
-                        help="stop the loop after this many seconds")
-    parser.add_argument("--out", type=Path, default=None,
-                        help="folder for the plot, logs and checkpoints "
-                             "(default: .rollstream/demo/<run>)")
-    parser.add_argument("--keep-topics", action="store_true",
-                        help="keep this run's topics (to replay them) instead of deleting them")
-    config.add_arguments(parser)
-    parser.set_defaults(func=run_demo)
+from rollstream.dev.loop import LoopConfig
+from rollstream.inference.chat import sample_count
 
 
 def run_demo(args: argparse.Namespace) -> int:
@@ -47,7 +28,7 @@ def run_demo(args: argparse.Namespace) -> int:
 
     from producers.publish import publish
     from rollstream.broker import local
-    from rollstream.loop import ClosedLoop
+    from rollstream.dev.loop import ClosedLoop
     from rollstream.topics import create_topics, delete_topics
 
     console = Console()

@@ -58,7 +58,7 @@ def sweep_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def register_cli(sub: Any) -> None:
+def register_cli(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
         "sandbox", help="list or sweep sandboxes (bwrap workspaces, docker containers)",
         description="Sandboxes record their owner process. `list` shows them; `sweep` removes "

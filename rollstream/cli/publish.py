@@ -5,10 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 from datetime import UTC, datetime
-from typing import Any
 
 from rollstream import config
-from rollstream.broker import with_broker
+from rollstream.cli import common
 
 
 def parse_time_ms(text: str) -> int:
@@ -37,7 +36,7 @@ def run_publish(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(f"{len(tasks)} tasks valid in {args.file} (dry run: nothing sent)")
         return 0
-    settings = with_broker(config.load(args))
+    settings = common.settings(args)
     sent = publish(settings, tasks)
     print(f"sent {sent} tasks to {settings.topics.tasks}")
     return 0
@@ -48,7 +47,7 @@ def run_replay(args: argparse.Namespace) -> int:
 
     try:
         count = replay(
-            with_broker(config.load(args)),
+            common.settings(args),
             args.topic,
             start_offset=args.from_offset,
             end_offset=args.to_offset,
@@ -69,7 +68,7 @@ def run_replay(args: argparse.Namespace) -> int:
     return 0
 
 
-def register_cli(sub: Any) -> None:
+def register_cli(sub: argparse._SubParsersAction) -> None:
     """Add `publish` and `replay` to the `rollstream` command's subparsers."""
     # producers.publish is not imported here for its FORMATS: it pulls in numpy and fastavro,
     # and `rollstream --help` should stay instant. load_tasks rejects an unknown format.

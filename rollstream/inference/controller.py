@@ -31,10 +31,10 @@ the newest version to servers that do not report it (one that was down, or newly
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 import re
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -42,24 +42,9 @@ from typing import Any
 import aiohttp
 
 from rollstream import config, metrics
-from rollstream.broker import with_broker
-from rollstream.events import POLICY_VERSION
-from rollstream.vllm_middleware import VERSION_PATH
+from rollstream.wire import VERSION_PATH, lora_name, lora_version
 
-log = logging.getLogger("rollstream.controller")
-
-LORA_PREFIX = "rollstream-policy-v"
-_LORA_NAME = re.compile(re.escape(LORA_PREFIX) + r"(\d+)$")
-
-
-def lora_name(version: int) -> str:
-    return f"{LORA_PREFIX}{version}"
-
-
-def lora_version(model_id: str) -> int | None:
-    """The policy version of a LoRA adapter named by `lora_name`, else None."""
-    match = _LORA_NAME.match(model_id)
-    return int(match.group(1)) if match else None
+log = logging.getLogger("rollstream.inference.controller")
 
 
 class ApplyError(RuntimeError):
@@ -115,6 +100,14 @@ async def current_version(session: aiohttp.ClientSession, url: str) -> int | Non
 
 
 async def _apply(session: aiohttp.ClientSession, url: str, event: Mapping[str, Any]) -> Applied:
+    started = time.monotonic()
+    applied = await _apply_steps(session, url, event)
+    metrics.policy_update(url, applied.ok, time.monotonic() - started)
+    return applied
+
+
+async def _apply_steps(session: aiohttp.ClientSession, url: str,
+                       event: Mapping[str, Any]) -> Applied:
     version = int(event["version"])
     try:
         models = await _call(session, "GET", url, "/v1/models")
@@ -285,14 +278,12 @@ class Controller:
     """Consumes <p>.policy and keeps every server on the newest version (see module doc)."""
 
     def __init__(self, settings: config.Settings) -> None:
-        from confluent_kafka import OFFSET_BEGINNING, TopicPartition
-
-        from rollstream import kafka  # confluent-kafka only where the service runs
+        # confluent-kafka only where the service runs
+        from rollstream.policy_versions import PolicyReader
 
         self.settings = settings
-        # No group: every controller reads the whole (one-partition) topic, newest version wins.
-        self.consumer = kafka.reader(
-            settings, [TopicPartition(settings.topics.policy, 0, OFFSET_BEGINNING)])
+        # No group: every controller reads the whole topic, newest version wins.
+        self.reader = PolicyReader(settings)
         self.latest: dict | None = None
         self.applied: dict[str, int] = {}
         self._stopping = False
@@ -301,31 +292,21 @@ class Controller:
         self._stopping = True
 
     async def serve(self) -> None:
-        from rollstream.codec import DecodeError, codec
-
         timeout = aiohttp.ClientTimeout(total=max(600.0, self.settings.request_timeout_s))
         async with aiohttp.ClientSession(timeout=timeout) as session:
             next_check = 0.0
             try:
                 while not self._stopping:
-                    for msg in self.consumer.consume(100, timeout=0):
-                        if msg.error() is not None:
-                            continue
-                        try:
-                            event = codec().decode_as(POLICY_VERSION, msg.value())
-                        except DecodeError as exc:
-                            log.warning("skipping an undecodable policy event: %s", exc)
-                            continue
-                        if self.latest is None or event["version"] > self.latest["version"]:
-                            self.latest = event
-                            next_check = 0.0  # apply now
+                    if self.reader.poll():
+                        self.latest = self.reader.latest
+                        next_check = 0.0  # apply now
                     now = asyncio.get_running_loop().time()
                     if self.latest is not None and now >= next_check:
                         await self.reconcile(session)
                         next_check = now + self.settings.health_interval_s
                     await asyncio.sleep(0.1)
             finally:
-                self.consumer.close()
+                self.reader.close()
 
     async def reconcile(self, session: aiohttp.ClientSession) -> list[Applied]:
         """Apply the newest version to every listed server that does not report it."""
@@ -333,6 +314,7 @@ class Controller:
         version = self.latest["version"]
         servers = self.settings.policy_urls()
         reported = await asyncio.gather(*(current_version(session, u) for u in servers))
+        metrics.servers_checked(version, len(servers), sum(v is not None for v in reported))
         todo = [u for u, v in zip(servers, reported, strict=True)
                 if v != version and not (v is None and self.applied.get(u) == version)]
         results = await apply_policy(self.latest, todo, session=session) if todo else []
@@ -340,37 +322,3 @@ class Controller:
             if r.ok:
                 self.applied[r.server] = r.version
         return results
-
-
-def register_cli(sub: Any) -> None:
-    parser = sub.add_parser(
-        "controller", help="apply each policy version on <prefix>.policy to every server",
-        description="Consume <prefix>.policy and load each new PolicyVersion into every "
-                    "inference server in --policy-url / --policy-url-file: LoRA adapters via "
-                    "/v1/load_lora_adapter, full weights via the embedded server's "
-                    "/v1/load_weights or vLLM's dev-mode pause / reload_weights / resume "
-                    "(vLLM 0.33: from the event's path, with native weight labels; vLLM "
-                    "0.12: in place, from the path the server was started with).")
-    config.add_arguments(parser)
-    parser.set_defaults(func=_run)
-
-
-def _run(args: argparse.Namespace) -> int:
-    import contextlib
-    import signal
-
-
-    config.log_to_stderr()
-    settings = with_broker(config.load(args))
-    metrics.serve(settings.metrics_port)
-    controller = Controller(settings)
-
-    async def main() -> None:
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, controller.stop)
-        await controller.serve()
-
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(main())
-    return 0

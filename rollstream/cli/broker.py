@@ -91,7 +91,7 @@ def _fetch(args: argparse.Namespace) -> int:
     return 0
 
 
-def register_cli(sub: Any) -> None:
+def register_cli(sub: argparse._SubParsersAction) -> None:
     """Add `broker` and its subcommands to the `rollstream` command's subparsers."""
     parser = sub.add_parser(
         "broker",

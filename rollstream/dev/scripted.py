@@ -1,5 +1,5 @@
 """A scripted policy: vLLM's completions contract (the embedded server's own request and
-response code, rollstream.policy.server) with completions read from scripts instead of sampled.
+response code, rollstream.policy_server.app) with completions read from scripts, not sampled.
 
 RUN cannot tell it from a model: it sends token ids, gets token ids, logprobs (0.0: the script
 is certain) and the stop token back. The server finds the episode's script from the prompt
@@ -14,16 +14,13 @@ Used by tests and demos to drive the pipeline deterministically: `rollstream ser
 
 from __future__ import annotations
 
-import argparse
-import asyncio
-import contextlib
 import json
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rollstream.policy.tokenizer import ASSISTANT, EOS, VOCAB_SIZE, ByteTokenizer
+from rollstream.inference.tokenizer import ASSISTANT, EOS, VOCAB_SIZE, ByteTokenizer
 
 DEFAULT_MAX_MODEL_LEN = 1 << 20  # a script has no context limit worth modelling
 
@@ -35,7 +32,7 @@ class Script:
 
 
 class ScriptedEngine:
-    """Stands in for rollstream.policy.server.Engine: same interface, no model."""
+    """Stands in for rollstream.policy_server.engine.Engine: same interface, no model."""
 
     policy_version = 0
     max_batch = 1
@@ -120,44 +117,6 @@ def swe_scripts(path: Path, fmt: str, gold: bool) -> list[Script]:
 
 def create_app(scripts: list[Script], max_model_len: int = DEFAULT_MAX_MODEL_LEN,
                model_name: str = "rollstream-scripted") -> Any:
-    from rollstream.policy.server import build_app
+    from rollstream.policy_server.app import build_app
 
     return build_app(ScriptedEngine(scripts, max_model_len), model_name, "scripted")
-
-
-def register_cli(sub: Any) -> None:
-    p = sub.add_parser(
-        "serve-scripted",
-        help="serve scripted completions over vLLM's API (tests, demos)",
-        description="A policy server that answers from scripts: the script whose match text "
-        "occurs in an episode's first message gives its turn-by-turn completions. Same HTTP "
-        "contract as serve-policy.")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8011, help="0 picks a free port")
-    source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument("--script", type=Path, metavar="FILE.jsonl",
-                        help='scripts, one {"match": text, "completions": [text, ...]} per line')
-    source.add_argument("--swe-gold", type=Path, metavar="INSTANCES",
-                        help="SWE tasks: replay each task's gold patch as tool calls, submit")
-    source.add_argument("--swe-submit-only", type=Path, metavar="INSTANCES",
-                        help="SWE tasks: submit at once, changing nothing")
-    p.add_argument("--format", default="swe-bench",
-                   help="format of the INSTANCES file (as for `rollstream publish`)")
-    p.set_defaults(func=_serve)
-
-
-def _serve(args: argparse.Namespace) -> int:
-    from rollstream.policy.server import serve
-
-    if args.script is not None:
-        scripts = read_scripts(args.script)
-    else:
-        scripts = swe_scripts(args.swe_gold or args.swe_submit_only, args.format,
-                              gold=args.swe_gold is not None)
-
-    def ready(url: str) -> None:
-        print(f"serving {len(scripts)} scripts on {url}", flush=True)
-
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(args.host, args.port, ready=ready, app=create_app(scripts)))
-    return 0

@@ -25,10 +25,10 @@ from safetensors.torch import save_file
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_sequence
 
-from rollstream.policy.tokenizer import END, EOS, PAD, VOCAB_SIZE
+from rollstream.inference.sampling import SamplingParams
+from rollstream.inference.tokenizer import END, EOS, PAD, VOCAB_SIZE
 
 MAX_MODEL_LEN = 2048
-MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
 GREEDY_EPS = 1e-5  # vLLM treats temperature below this as greedy
 _META_VERSION = "rollstream_policy_version"
 _META_CONFIG = "rollstream_model_config"
@@ -139,42 +139,6 @@ def check_context(prompt_len: int, max_tokens: int, max_model_len: int) -> None:
             f"maximum context length is {max_model_len} tokens and your request has {prompt_len} "
             f"input tokens ({max_tokens} > {max_model_len} - {prompt_len})."
         )
-
-
-MAX_TEMPERATURE = 2.0
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    max_tokens: int = 16
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1  # -1 or 0: disabled, as in vLLM
-    seed: int | None = None
-    stop_token_ids: tuple[int, ...] = ()
-    ignore_eos: bool = False
-    logprobs: int = 0  # top alternatives to report per token, besides the sampled one
-
-    def __post_init__(self) -> None:
-        # vLLM 0.33's checks (SamplingParams._verify_args; the seed's range from its request
-        # model): a value that cannot be sampled with is a 400, never a failed batch.
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}.")
-        if not math.isfinite(self.temperature):
-            raise ValueError(f"temperature must be a finite number, got {self.temperature}.")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be non-negative, got {self.temperature}.")
-        if self.temperature > MAX_TEMPERATURE:
-            raise ValueError(f"temperature must be in [0, 2], got {self.temperature}.")
-        if self.seed is not None and not INT64_MIN <= self.seed <= INT64_MAX:
-            raise ValueError(f"seed must be in [{INT64_MIN}, {INT64_MAX}], got {self.seed}.")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}.")
-        if self.top_k < -1:
-            raise ValueError(f"top_k must be -1 (disable), or at least 1, got {self.top_k}.")
-        if not 0 <= self.logprobs <= MAX_LOGPROBS:
-            raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}.")
 
 
 class Sequence:

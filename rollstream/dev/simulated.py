@@ -28,8 +28,7 @@ from typing import Any
 
 from aiohttp import web
 
-from rollstream.inference import POLICY_VERSION_HEADER
-from rollstream.vllm_middleware import VERSION_PATH
+from rollstream.wire import POLICY_VERSION_HEADER, VERSION_PATH
 
 Script = Callable[[list[int], dict[str, Any]], tuple[list[int], str]]
 

@@ -27,16 +27,9 @@ from typing import Any
 
 import aiohttp
 
-import schemas
-from rollstream.events import SAMPLING_PARAMS
+from rollstream.inference.sampling import SAMPLING_DEFAULTS
+from rollstream.wire import POLICY_VERSION_HEADER
 
-# Rollstream extension header: the policy version that produced a completion; real vLLM lacks it.
-POLICY_VERSION_HEADER = "X-Rollstream-Policy-Version"
-# Defaults of the Avro SamplingParams record (the one definition of a task's sampling), used for
-# keys a caller leaves out. The embedded server's own defaults are vLLM's, for bodies without them.
-SAMPLING_DEFAULTS: dict[str, Any] = {
-    f["name"]: f["default"] for f in schemas.raw_schemas()[SAMPLING_PARAMS]["fields"]
-}
 _OVERFLOW = re.compile(r"maximum context length|maximum model length|max_model_len", re.I)
 _MAX_LEN = re.compile(r"maximum (?:context|model) length (?:is|of) (\d+)", re.I)
 _PROMPT_LEN = re.compile(r"(\d+) input tokens|prompt \(length (\d+)\)", re.I)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from rollstream import config
-from rollstream.broker import with_broker
+from rollstream.cli import common
 
 STAGES = {
     "init": "expand tasks into their group of episodes",
@@ -29,15 +29,12 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
 
 def run_stage(args: argparse.Namespace) -> int:
     # Here, not at start-up: RUN pulls in aiohttp and the chat templates.
-    from rollstream import metrics
     from rollstream.runtime import Stage, StageRuntime
     from stages.eval import EvalStage
     from stages.init import InitStage
     from stages.run import RunStage
 
-    config.log_to_stderr()
-    settings = with_broker(config.load(args))
-    metrics.serve(settings.metrics_port)
+    settings = common.start_service(args)
     classes: dict[str, type[Stage]] = {"init": InitStage, "run": RunStage, "eval": EvalStage}
     stage = classes[args.name](settings)
     StageRuntime(stage, settings, drain_timeout_s=args.drain_timeout).run()

@@ -8,7 +8,7 @@ transformers' `apply_chat_template` renders it: a sandboxed Jinja environment wi
 `trim_blocks`/`lstrip_blocks`, loop controls, `raise_exception`, `strftime_now` and a `tojson`
 that keeps non-ASCII text.
 
-A template file can replace the directory's (`chat_template`): rollstream/policy/templates/ has
+A template file can replace the directory's (`chat_template`): rollstream/inference/templates/ has
 variants of Qwen3's and DeepSeek-R1's that keep earlier reasoning, so thinking conversations
 stay append-only (one sample per episode instead of one per turn).
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import statistics
 from pathlib import Path
 
-from rollstream import config, metrics
-from rollstream.broker import with_broker
+from rollstream import config
+from rollstream.cli import common
 from rollstream.graph import PRINTER
 
 
@@ -78,9 +79,7 @@ def run_train(args: argparse.Namespace) -> int:
     from trainer_bridge.train_loop import train
     from trainer_bridge.trainer import GRPOConfig
 
-    config.log_to_stderr()
-    settings = with_broker(config.load(args))
-    metrics.serve(settings.metrics_port)
+    settings = common.start_service(args)
     policy = GroupPolicy(normalize_std=not args.dr_grpo, max_staleness=args.max_staleness,
                          group_timeout_s=args.group_timeout, incomplete=args.incomplete,
                          drop_zero_variance=not args.keep_zero_variance)
@@ -93,12 +92,26 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def run_bridge(args: argparse.Namespace) -> int:
+    from rollstream.checkpoint import Rewind
     from trainer_bridge.bridge import TrainerBridge
 
-    settings = with_broker(config.load(args))
+    common.log_to_stderr()
+    settings = common.settings(args)
     group = args.group or settings.topics.group(PRINTER)
-    with TrainerBridge(settings, groups_per_batch=args.groups_per_batch, group=group) as bridge:
-        for batch in bridge.batches(args.max_batches, args.idle_timeout):
-            print(json.dumps(batch_summary(batch)), flush=True)
-            batch.ack()
+    printed = 0
+    while args.max_batches is None or printed < args.max_batches:
+        left = None if args.max_batches is None else args.max_batches - printed
+        try:
+            with TrainerBridge(settings, groups_per_batch=args.groups_per_batch,
+                               group=group) as bridge:
+                for batch in bridge.batches(left, args.idle_timeout):
+                    print(json.dumps(batch_summary(batch)), flush=True)
+                    printed += 1
+                    batch.ack()
+            break
+        except Rewind as exc:
+            # A commit the group refused or a consumer that failed (a broker restart): join
+            # again; what was not committed comes back (at least once).
+            logging.getLogger("trainer_bridge").warning(
+                "bridge: %s; joining the group again from the committed offsets", exc)
     return 0

@@ -19,18 +19,19 @@ from confluent_kafka import Consumer, TopicPartition
 from rollstream import kafka
 from rollstream.codec import codec
 from rollstream.config import Settings
+from rollstream.dev.processes import ProcessGroup, free_port, wait_http
 from rollstream.envs.copy_letter import LETTERS, demo_tasks
-from rollstream.events import POLICY_VERSION, SCORED_TRAJECTORY
+from rollstream.events import SCORED_TRAJECTORY
 from rollstream.graph import BY_ATTR, STAGES, input_of, partition_count
-from rollstream.processes import ProcessGroup, free_port, wait_http
+from rollstream.policy_versions import PolicyReader
 
 
 def write_base_policy(path: Path, alphabet: str = LETTERS, seed: int = 0) -> None:
     """Version 0: seed weights whose output layer favours the alphabet and the end token."""
     import torch
 
-    from rollstream.policy.model import build_model, save
-    from rollstream.policy.tokenizer import END
+    from rollstream.inference.tokenizer import END
+    from rollstream.policy_server.model import build_model, save
 
     model = build_model(seed)
     with torch.no_grad():
@@ -113,17 +114,19 @@ class ClosedLoop:
     def follow(self, deadline: float) -> Iterator[Progress]:
         """Yield the progress every half second until the deadline (or the caller stops)."""
         scored = self._reader("scored")
-        policy = self._reader("policy")
-        while time.time() < deadline:
-            self.procs.check_alive()
-            for reader, record, into in ((scored, SCORED_TRAJECTORY, self.progress.scored),
-                                         (policy, POLICY_VERSION, self.progress.versions)):
-                for msg in reader.consume(1000, timeout=0.25):
+        policy = PolicyReader(self.settings)
+        try:
+            while time.time() < deadline:
+                self.procs.check_alive()
+                for msg in scored.consume(1000, timeout=0.25):
                     if msg.error() is None:
-                        into.append(codec().decode_as(record, msg.value()))
-                        if into is self.progress.scored:
-                            self.progress.scored_times.append(time.time())
-            yield self.progress
+                        self.progress.scored.append(
+                            codec().decode_as(SCORED_TRAJECTORY, msg.value()))
+                        self.progress.scored_times.append(time.time())
+                self.progress.versions.extend(policy.poll(0.25))
+                yield self.progress
+        finally:
+            policy.close()
         raise TimeoutError("the loop did not finish in time")
 
     def _reader(self, attr: str) -> Consumer:

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
-from typing import Any
+
+from rollstream.cli import common
 
 
-def register_cli(sub: Any) -> None:
+def register_cli(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "serve-policy",
         help="serve the embedded tiny policy over vLLM's OpenAI-compatible API",
@@ -28,21 +27,11 @@ def register_cli(sub: Any) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from rollstream.policy.server import serve  # torch import only when serving
+    from rollstream.policy_server.app import serve  # torch import only when serving
 
     def ready(url: str) -> None:
         print(f"serving {args.model_name} on {url}", flush=True)
 
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(
-            serve(
-                args.host,
-                args.port,
-                ready=ready,
-                model_path=args.checkpoint,
-                model_name=args.model_name,
-                max_batch=args.max_batch,
-                seed=args.seed,
-            )
-        )
-    return 0
+    return common.run_async(serve(args.host, args.port, ready=ready, model_path=args.checkpoint,
+                                  model_name=args.model_name, max_batch=args.max_batch,
+                                  seed=args.seed))

@@ -34,16 +34,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from rollstream import metrics
-from rollstream.controller import lora_version
-from rollstream.inference import (
+from rollstream.inference.client import (
     Completion,
     InferenceClient,
     InferenceError,
     ServerError,
     ServerUpdating,
 )
+from rollstream.wire import lora_version
 
-log = logging.getLogger("rollstream.routing")
+log = logging.getLogger("rollstream.inference.routing")
 
 EJECT_AFTER = 3  # consecutive failed requests that take a server out of rotation
 UNKNOWN_VERSION = -1

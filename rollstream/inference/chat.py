@@ -7,7 +7,7 @@ observation appends `<|user|> text <|end|> <|assistant|>` and every earlier toke
 verbatim: token-in/token-out multi-turn rollouts never re-tokenize history.
 
 RUN uses `stop_token_ids`, `next_prompt` and `decode`; a template for a Hugging Face
-tokenizer (rollstream.policy.hf_template) implements the same.
+tokenizer (rollstream.inference.hf_template) implements the same.
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol
 
-from rollstream.policy.tokenizer import ASSISTANT, END, USER, ByteTokenizer
+from rollstream.inference.tokenizer import ASSISTANT, END, USER, ByteTokenizer
 
 
 class ChatTemplate(Protocol):
     """What RUN (and its gateway) needs of a chat template: EmbeddedChatTemplate here,
-    HFChatTemplate (rollstream.policy.hf_template) for real models."""
+    HFChatTemplate (rollstream.inference.hf_template) for real models."""
 
     stop_token_ids: list[int]
 

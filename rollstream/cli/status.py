@@ -1,0 +1,65 @@
+"""`rollstream status`: the pipeline of one prefix at a glance, once or live."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+from rollstream import config, metrics
+from rollstream.cli import common
+from rollstream.status import Inspector, render
+
+
+def register_cli(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "status", help="stage groups, lag, rates, dead letters, policy version, servers",
+        description="Show the pipeline of one prefix: per stage group its members and "
+                    "partitions, lag (events waiting past its committed offsets; '~' marks an "
+                    "estimate when very many wait), events/s over the interval, in-flight "
+                    "events (with --metrics-url); dead letters; the newest policy version; "
+                    "inference servers' health and load (--policy-url). With --watch and "
+                    "--metrics-port it also serves lag, members, committed offsets, dead "
+                    "letters and the policy version as Prometheus gauges.")
+    parser.add_argument("--json", action="store_true", help="print one JSON object per refresh")
+    parser.add_argument("--watch", action="store_true", help="refresh until interrupted")
+    parser.add_argument("--interval", type=float, default=2.0,
+                        help="seconds between looks (the events/s window)")
+    parser.add_argument("--metrics-url", action="append", default=[],
+                        help="a process's /metrics URL, for in-flight counts (repeatable)")
+    config.add_arguments(parser)
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    settings = common.settings(args)
+    metrics.serve(settings.metrics_port)
+    inspector = Inspector(settings, args.metrics_url)
+    try:
+        metrics.pipeline_status(inspector.snapshot())  # the first look: rates need two
+        if args.json:
+            while True:
+                time.sleep(args.interval)
+                snapshot = inspector.snapshot()
+                metrics.pipeline_status(snapshot)
+                print(json.dumps(snapshot), flush=True)
+                if not args.watch:
+                    return 0
+        from rich.live import Live
+
+        time.sleep(args.interval)
+        if not args.watch:
+            from rich.console import Console
+
+            Console().print(render(inspector.snapshot()))
+            return 0
+        with Live(render(inspector.snapshot()), auto_refresh=False) as live:
+            while True:
+                time.sleep(args.interval)
+                snapshot = inspector.snapshot()
+                metrics.pipeline_status(snapshot)
+                live.update(render(snapshot), refresh=True)
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        inspector.close()
