@@ -5,12 +5,19 @@ The trainer publishes, with every PolicyVersion, how many groups it is done with
 dropped). INIT admits a task while `admitted - consumed < window`; otherwise its capacity is 0
 and the runtime pauses the tasks partitions: backpressure through Kafka, the tasks wait in the
 log. Rollouts therefore never run more than `window` groups ahead of training, whatever the
-speed of the stages. If the trainer makes no progress for three times its recent step
-interval (at least `stall_s`: every group of a window was dropped for lack of reward variance,
-so no step was taken and no version published), one more window is let in, so the loop cannot
-stall; scaling the wait with the step interval keeps a slow (busy) trainer from being taken for
-a stalled one. Before the trainer's first step the wait is `startup_s` (30 s): a trainer that
-is still loading is not a stalled one either. The bridge's staleness bound still applies.
+speed of the stages. If the trainer makes no progress (no new version) and no sample reaches
+<p>.scored for three times what the trainer recently took to step once the samples stopped (at
+least `stall_s`: every group of a window was dropped for lack of reward variance, so no step
+was taken and no version published), one more window is let in, so the loop cannot stall.
+Scaling the wait with the trainer's own step time keeps a slow (busy) trainer from being taken
+for a stalled one; waiting for the scored samples to stop keeps slow rollouts from being taken
+for one. Every new version is progress,
+also one whose count of consumed groups did not move. Before the trainer's first step the wait
+is `startup_s` (30 s): a trainer that is still loading is not a stalled one either. The wait
+starts when work enters an empty pipeline, not before: time without tasks is no stall. Every
+extra window is sampled by a policy the trainer will have left behind when it gets there (the
+bridge's staleness bound drops it) and brings the rest of the tasks forward to older policies:
+the rule must fire on real stalls only.
 INIT's count of admitted tasks starts at 0 when a process starts: after a restart it may let
 up to one window more in. A task let in again because its input was redone (a transaction that
 failed, a broker restart) is counted once: each counted id is remembered for a while.
@@ -18,11 +25,15 @@ failed, a broker restart) is counted once: each counted id is remembered for a w
 
 from __future__ import annotations
 
+import logging
 import statistics
 import threading
 import time
 from collections import deque
 
+from confluent_kafka import KafkaException, TopicPartition
+
+from rollstream import kafka
 from rollstream.config import Settings
 from rollstream.policy_versions import PolicyReader
 
@@ -30,28 +41,60 @@ from rollstream.policy_versions import PolicyReader
 # it is done with: the one place this name is defined.
 CONSUMED = "groups_consumed"
 
+log = logging.getLogger("rollstream.admission")
+
+SCORED_CHECK_S = 0.5  # how often the end offsets of <p>.scored are read
+
 
 class PolicyFollower:
-    """Follows <p>.policy in a background thread: the newest version and its metrics."""
+    """Follows <p>.policy in a background thread: the newest version and its metrics; and when
+    <p>.scored last grew (its end offsets: no records are read), so rollouts still under way
+    are told from a trainer that has everything and took no step."""
 
     def __init__(self, settings: Settings) -> None:
         self.version = -1
         self.consumed = 0
+        self.scored_at = time.monotonic()
+        self._scored = settings.topics.scored
+        self._partitions: list[int] = []
+        self._ends: list[int] = []
         self._reader = PolicyReader(settings)
+        # Offsets asked of its own client: behind the reader's long-poll fetches, each answer
+        # would wait up to half a second.
+        self._probe = kafka.reader(settings, [])
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._follow, name="policy-follower", daemon=True)
         self._thread.start()
 
     def _follow(self) -> None:
+        next_check = 0.0
         while not self._stop.is_set():
+            if time.monotonic() >= next_check:
+                self._check_scored()
+                next_check = time.monotonic() + SCORED_CHECK_S
             for event in self._reader.poll(0.2):
                 self.version = event["version"]
                 self.consumed = int(event["metrics"].get(CONSUMED, self.consumed))
+
+    def _check_scored(self) -> None:
+        try:
+            if not self._partitions:
+                meta = self._probe.list_topics(self._scored, timeout=2).topics[self._scored]
+                self._partitions = sorted(meta.partitions)
+            ends = [self._probe.get_watermark_offsets(
+                TopicPartition(self._scored, p), timeout=2, cached=False)[1]
+                for p in self._partitions]
+        except KafkaException:
+            return  # the broker is away: nothing is known to have grown
+        if self._ends and ends != self._ends:  # the first reading is where counting starts
+            self.scored_at = time.monotonic()
+        self._ends = ends
 
     def close(self) -> None:
         self._stop.set()
         self._thread.join(5)
         self._reader.close()
+        self._probe.close()
 
 
 class AdmissionGate:
@@ -66,22 +109,30 @@ class AdmissionGate:
         self._memory = max(16 * window, 10_000)
         self.follower = PolicyFollower(settings)
         self._bonus = 0
-        self._last_consumed = 0
+        self._seen = (self.follower.version, self.follower.consumed)
         self._last_progress = time.monotonic()
         self._intervals: deque[float] = deque(maxlen=5)
 
     def capacity(self) -> int:
-        consumed = self.follower.consumed
+        seen = (self.follower.version, self.follower.consumed)
         now = time.monotonic()
-        if consumed != self._last_consumed:
-            self._intervals.append(now - self._last_progress)
-            self._last_consumed, self._last_progress = consumed, now
-        room = self.window - (self.admitted - consumed - self._bonus)
+        # Samples still arriving: the rollouts are slow, not the trainer stalled.
+        quiet_since = max(self._last_progress, self.follower.scored_at)
+        if seen != self._seen:
+            # How long the trainer took to step once nothing more was arriving: the wait for
+            # rollouts is not the trainer's, and would stretch every real stall.
+            self._intervals.append(now - quiet_since)
+            self._seen, self._last_progress = seen, now
+            quiet_since = now
+        room = self.window - (self.admitted - seen[1] - self._bonus)
         if self._intervals:
             patience = max(self.stall_s, 3 * statistics.median(self._intervals))
         else:  # no step yet: the trainer may still be starting (imports, loading a model)
             patience = max(self.stall_s, self.startup_s)
-        if room <= 0 and now - self._last_progress > patience:
+        if room <= 0 and now - quiet_since > patience:
+            log.info("no trainer progress for %.1f s and no sample scored for %.1f s with %d "
+                     "groups in flight: one more window", now - self._last_progress,
+                     now - self.follower.scored_at, self.admitted - seen[1])
             self._bonus += self.window
             self._last_progress = now
             room += self.window
@@ -93,6 +144,8 @@ class AdmissionGate:
         self._recent[task_id] = None
         if len(self._recent) > self._memory:
             del self._recent[next(iter(self._recent))]
+        if self.admitted <= self.follower.consumed:
+            self._last_progress = time.monotonic()  # into an empty pipeline: the stall clock starts
         self.admitted += 1
 
     def close(self) -> None:

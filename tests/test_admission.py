@@ -72,3 +72,49 @@ def test_a_stalled_trainer_gets_one_more_window(settings: Settings) -> None:
         assert gate.capacity() == 2  # no progress for stall_s: the loop must not deadlock
     finally:
         gate.close()
+
+
+def test_a_new_version_is_progress_though_no_more_groups_were_consumed(
+        settings: Settings) -> None:
+    # A trainer working through groups its bridge took earlier publishes versions whose count
+    # does not move; taking it for a stalled one would let windows in that end up stale.
+    gate = AdmissionGate(settings, window=2, stall_s=1.0, startup_s=1.0)
+    try:
+        gate.admit("t0")
+        gate.admit("t1")
+        time.sleep(1.1)  # past the patience, but not asked yet
+        publish_version(settings, 1, consumed=0)
+        wait_for(lambda: gate.follower.version == 1)
+        assert gate.capacity() == 0
+    finally:
+        gate.close()
+
+
+def test_time_without_work_in_flight_is_no_stall(settings: Settings) -> None:
+    gate = AdmissionGate(settings, window=2, stall_s=1.0, startup_s=1.0)
+    try:
+        time.sleep(1.1)  # the trainer is starting and no task has come yet
+        gate.admit("t0")
+        gate.admit("t1")
+        assert gate.capacity() == 0  # the clock started with the first task
+    finally:
+        gate.close()
+
+
+def test_samples_still_arriving_are_no_stall(settings: Settings) -> None:
+    # Slow rollouts: the window waits while samples are scored, and gets its extra window once
+    # they stop and the trainer took no step.
+    gate = AdmissionGate(settings, window=2, stall_s=2.0, startup_s=2.0)
+    producer = kafka.producer(settings)
+    try:
+        gate.admit("t0")
+        gate.admit("t1")
+        until = time.monotonic() + 4.0
+        while time.monotonic() < until:
+            kafka.produce(producer, settings.topics.scored, b"a sample", key="t#0")
+            producer.flush()
+            assert gate.capacity() == 0
+            time.sleep(0.2)
+        wait_for(lambda: gate.capacity() == 2)
+    finally:
+        gate.close()

@@ -32,7 +32,7 @@ from rollstream.runtime import Output
 from tests.test_bridge import publish_groups
 from trainer_bridge.bridge import Batch, TrainerBridge
 
-TASKS = 400
+TASKS = 150  # the three killed trainers commit a few dozen batches at most: most are left
 
 
 def trained(settings: Settings, batch: Batch, step: int) -> Output:

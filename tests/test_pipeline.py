@@ -24,7 +24,7 @@ from rollstream.envs.registry import get_env
 from trainer_bridge.bridge import TrainerBridge
 from trainer_bridge.groups import GroupPolicy
 
-TASKS = 500
+TASKS = 200
 GROUP = 4
 
 
@@ -75,7 +75,7 @@ def wait_for(predicate, timeout: float, procs: ProcessGroup, what: str) -> None:
         procs.check_alive()
         if predicate():
             return
-        time.sleep(1.0)
+        time.sleep(0.5)
     raise AssertionError(f"timed out waiting for {what}")
 
 
@@ -91,7 +91,8 @@ def test_sigkill_of_a_run_process_neither_loses_nor_duplicates(settings: Setting
     producer.flush()
     assert publish(settings, tasks) == TASKS
 
-    wait_for(lambda: len(scored_ids(settings)) >= 500, 300, procs, "a quarter of the episodes")
+    wait_for(lambda: len(scored_ids(settings)) >= TASKS * GROUP // 4, 300, procs,
+             "a quarter of the episodes")
     procs.kill("run-a")  # mid-run: its open transaction and in-flight episodes are cut off
     procs.start("run-a2", "stage", "run", *common)
 

@@ -31,10 +31,11 @@ from trainer_bridge.trainer import GRPOConfig, GRPOTrainer, HFPolicy, TinyPolicy
 log = logging.getLogger("rollstream.train")
 
 
-def groups_consumed(stats: dict[str, int]) -> int:
-    """Groups the trainer is done with: trained, or dropped for any reason."""
-    return sum(v for k, v in stats.items()
-               if k == "groups_released" or k.startswith("groups_dropped"))
+def groups_consumed(trained: int, stats: dict[str, int]) -> int:
+    """Groups the trainer is done with: trained in a step, or dropped for any reason. Groups the
+    bridge has released but no step has taken yet are not: counting them would let INIT admit
+    work that waits behind them, to be dropped as stale when the trainer gets there."""
+    return trained + sum(v for k, v in stats.items() if k.startswith("groups_dropped"))
 
 
 def train(settings: Settings, checkpoint_dir: Path, *, groups_per_batch: int = 4,
@@ -77,12 +78,14 @@ def _train_from_latest(settings: Settings, checkpoint_dir: Path, *, groups_per_b
     trainer = GRPOTrainer(policy, checkpoint_dir, policy.version, config)
     base_consumed = int(latest["metrics"].get(CONSUMED, 0)) if latest is not None else 0
     log.info("training from policy version %d (%s)", policy.version, start or "seed weights")
-    steps = 0
+    steps = trained = 0
     with TrainerBridge(settings, groups_per_batch, group_policy, transactional=True) as bridge:
         bridge.current_version = policy.version
         for batch in bridge.batches(max_steps, idle_timeout_s):
             event = trainer.step(batch)
-            event["metrics"][CONSUMED] = float(base_consumed + groups_consumed(bridge.stats))
+            trained += len(batch.groups)
+            event["metrics"][CONSUMED] = float(
+                base_consumed + groups_consumed(trained, bridge.stats))
             for key, value in bridge.stats.items():
                 event["metrics"][f"bridge_{key}"] = float(value)
             batch.ack([Output(settings.topics.policy, "policy", POLICY_VERSION, event)])
