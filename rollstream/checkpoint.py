@@ -25,11 +25,12 @@ commit through `Checkpoint`. What it guarantees, and what each kind of Kafka err
   abandoned (with its producer) when it has not returned after HUNG_S or by the caller's
   deadline, so a stop request is honoured by its deadline even when the client does not
   return.
-- While a call is out, the caller's `serve` runs every quarter second: the stage runtime keeps
-  its consumer's group membership alive there (a member that leaves a rebalance callback
-  unserved stops heartbeating and loses its partitions to the session timeout, which then
-  costs a full rebalance). When `serve` says the transaction is no longer wanted (the
-  partitions were lost meanwhile) the call is abandoned at once instead of after HUNG_S.
+- While a call is out, the caller's `serve` runs every quarter second: the stage runtime
+  serves its consumer there, so a rebalance meanwhile is answered (the whole group waits on a
+  member that does not) and partitions lost to the session timeout (a group coordinator
+  unreachable longer than that) are handed back and rejoined at once, not after the call.
+  When `serve` says the transaction is no longer wanted (the partitions were lost) the call is
+  abandoned at once instead of after HUNG_S.
 """
 
 from __future__ import annotations
