@@ -513,9 +513,10 @@ class StageRuntime:
 
     def _serve_group(self) -> bool:
         """While the main loop's commit waits on the cluster (a coordinator moving): serve the
-        consumer, so a rebalance meanwhile is answered and the group keeps us, taking no events
-        (every partition paused). True when the transaction is no longer wanted: its partitions
-        were lost, or the consumer failed; the commit is then abandoned at once."""
+        consumer, so a rebalance meanwhile is answered and partitions lost are handed back and
+        rejoined at once, taking no events (every partition paused). True when the transaction
+        is no longer wanted: its partitions were lost, or the consumer failed; the commit is
+        then abandoned at once."""
         if not self._committing:  # a commit from a rebalance callback, or the last one
             return False
         self._apply_backpressure(0)
