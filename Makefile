@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv deps harness-deps test demo bench lint broker-start broker-stop broker-status images
+.PHONY: venv deps harness-deps swebench-deps test demo bench lint broker-start broker-stop broker-status images
 
 venv: $(STAMP)
 
@@ -35,7 +35,7 @@ deps: venv
 	@$(call apt_tool,prometheus,prometheus,the real-Prometheus test skips)
 	./scripts/docker-engine.sh
 	@$(call apt_tool,docker-compose,docker-compose,the compose test skips)
-	$(MAKE) harness-deps
+	$(MAKE) harness-deps swebench-deps
 
 # mini-swe-agent, the harness the gateway is proven with, in a virtualenv of its own: a harness
 # is a separate program with its own dependencies. Versions pinned, litellm included.
@@ -45,6 +45,16 @@ harness-deps: $(HARNESS_STAMP)
 $(HARNESS_STAMP):
 	test -x $(HARNESS_VENV)/bin/python || $(PYTHON) -m venv $(HARNESS_VENV)
 	$(HARNESS_VENV)/bin/pip install -q mini-swe-agent==2.4.6 litellm==1.110.2
+	touch $@
+
+# The official SWE-bench package without its dependencies (datasets, modal and more), plus the
+# one its log parsers import: only for the test that checks our parsing and grading against
+# its own (tests/test_swebench_contract.py). Pinned.
+SWEBENCH_DIR ?= .rollstream/swebench
+SWEBENCH_STAMP := $(SWEBENCH_DIR)/.installed
+swebench-deps: $(SWEBENCH_STAMP)
+$(SWEBENCH_STAMP): $(STAMP)
+	$(BIN)/pip install -q --no-deps --target $(SWEBENCH_DIR) swebench==5.0.2 unidiff==0.7.5
 	touch $@
 
 # Local images for docker-compose.local.yml (scripts/local-images.sh), built with no registry or

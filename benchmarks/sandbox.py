@@ -104,6 +104,7 @@ async def _measure(quick: bool) -> dict[str, Any]:
 
 
 def run(quick: bool = False) -> dict[str, Any]:
+    load_before = os.getloadavg()
     results = asyncio.run(_measure(quick))
     bwrap = results["bwrap"]
     measured = bwrap.get("tool_call", {}).get("median_ms")
@@ -116,6 +117,9 @@ def run(quick: bool = False) -> dict[str, Any]:
             "timer": "time.perf_counter_ns around each awaited call, sequential, after 3 warm-up "
                      "calls",
             "limits": "rollstream.sandbox.Limits defaults",
+            # What else ran: the host's 1, 5 and 15 minute load averages around the run.
+            "load_average": {"before": [round(x, 2) for x in load_before],
+                             "after": [round(x, 2) for x in os.getloadavg()]},
         },
         "results": results,
         "baseline": baseline,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 from confluent_kafka import TopicPartition
@@ -28,6 +29,22 @@ def value(samples: dict, name: str, **labels: str) -> float:
     return samples.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
+def scrape_until(procs: ProcessGroup, port: int, done: Callable[[dict], bool],
+                 timeout_s: float = 60) -> dict:
+    """Scrape the process until `done(samples)` holds (it may not be listening yet)."""
+    deadline = time.monotonic() + timeout_s
+    samples: dict = {}
+    while not done(samples):
+        procs.check_alive()
+        assert time.monotonic() < deadline, f"the process reported {samples}"
+        time.sleep(0.3)
+        try:
+            samples = scrape(port)
+        except OSError:
+            continue  # not listening yet
+    return samples
+
+
 def test_a_stage_serves_what_it_processed(settings: Settings, tmp_path: Path) -> None:
     tasks = [validate_task({"task_id": f"t{i}", "env": "arithmetic", "prompt": "1+1=",
                             "data": {"answer": "2"}, "group_size": 3}) for i in range(20)]
@@ -42,21 +59,10 @@ def test_a_stage_serves_what_it_processed(settings: Settings, tmp_path: Path) ->
     procs.start("init", "stage", "init", "--bootstrap-servers", settings.bootstrap_servers,
                 "--prefix", settings.prefix, "--metrics-port", str(port))
     try:
-        deadline = time.monotonic() + 60
-        samples: dict = {}
-        while value(samples, "rollstream_events_consumed_total", stage="init") < 22:
-            procs.check_alive()
-            assert time.monotonic() < deadline, f"INIT consumed too little: {samples}"
-            time.sleep(0.5)
-            try:
-                samples = scrape(port)
-            except OSError:
-                continue  # not listening yet
         # Counters move before the commit; wait for the transaction's histogram to count it.
-        while value(samples, "rollstream_transaction_commit_seconds_count", stage="init") < 1:
-            assert time.monotonic() < deadline
-            time.sleep(0.3)
-            samples = scrape(port)
+        samples = scrape_until(procs, port, lambda s: (
+            value(s, "rollstream_events_consumed_total", stage="init") >= 22
+            and value(s, "rollstream_transaction_commit_seconds_count", stage="init") >= 1))
     finally:
         procs.stop_all()
 
@@ -141,19 +147,10 @@ def test_the_controller_serves_its_updates(settings: Settings, tmp_path: Path) -
                     "--policy-url", f"{live},{down}", "--health-interval-s", "0.3",
                     "--metrics-port", str(port))
         try:
-            deadline = time.monotonic() + 60
-            samples: dict = {}
-            while (value(samples, "rollstream_controller_update_failures_total",
-                         server=down) < 2
-                   or value(samples, "rollstream_controller_policy_versions_applied_total",
-                            server=live) < 1):
-                procs.check_alive()
-                assert time.monotonic() < deadline, f"the controller reported {samples}"
-                time.sleep(0.3)
-                try:
-                    samples = scrape(port)
-                except OSError:
-                    continue  # not listening yet
+            samples = scrape_until(procs, port, lambda s: (
+                value(s, "rollstream_controller_update_failures_total", server=down) >= 2
+                and value(s, "rollstream_controller_policy_versions_applied_total",
+                          server=live) >= 1))
         finally:
             procs.stop_all()
 

@@ -23,6 +23,7 @@ IMAGE = os.environ.get("ROLLSTREAM_TEST_DOCKER_IMAGE", DEFAULT_IMAGE)
 class _Container:
     def __init__(self, labels: dict[str, str]) -> None:
         self.id = "c0ffee"
+        self.attrs = {"Image": "sha256:1mg"}
         self.labels = labels
         self.removed = False
         self.archives: list[tuple[str, bytes]] = []
@@ -31,14 +32,28 @@ class _Container:
         self.archives.append((path, data))
         return True
 
-    def remove(self, force: bool) -> None:
-        self.removed = force
+    def remove(self, force: bool, v: bool) -> None:
+        self.removed = force and v
 
 
 
 class _Api:
     def __init__(self) -> None:
         self.execs: list[list[str]] = []
+        self.probes: list[str] = []
+        self.probes_removed = 0
+
+    def create_container(self, image: str, command: list[str], **kwargs: Any) -> dict:
+        self.probes.append(image)
+        return {"Id": "pr0be"}
+
+    def get_archive(self, container_id: str, path: str) -> Any:
+        import docker.errors
+
+        raise docker.errors.NotFound(f"{path}: no such file")  # an image without /testbed
+
+    def remove_container(self, container_id: str, force: bool) -> None:
+        self.probes_removed += 1
 
     def exec_create(self, container_id: str, argv: list[str], **kwargs: Any) -> dict:
         self.execs.append(argv)
@@ -81,7 +96,11 @@ def test_container_is_locked_down_and_labelled_and_exec_has_a_timeout() -> None:
                                                    labels={"task": "t1"}))
         result = await sandbox.exec("echo hello")
         await sandbox.write_file("/testbed/a.py", b"x = 1\n")
+        with pytest.raises(OSError, match="Read-only"):
+            await sandbox.write_file("/etc/a.py", b"x = 1\n")
         await sandbox.destroy()
+        again = await backend.create(SandboxSpec(image="img:1", limits=limits))
+        await again.destroy()
         return sandbox, result
 
     sandbox, result = asyncio.run(body())
@@ -91,12 +110,20 @@ def test_container_is_locked_down_and_labelled_and_exec_has_a_timeout() -> None:
     assert run["mem_limit"] == run["memswap_limit"] == "1024m"
     assert run["nano_cpus"] == 2_000_000_000 and run["pids_limit"] == 100
     assert run["cap_drop"] == ["ALL"] and run["security_opt"] == ["no-new-privileges"]
+    # Only the workspace and /tmp are writable: tmpfs volumes of the disk quota.
+    assert run["read_only"] and run["shm_size"] == "256m" and run["environment"] == {
+        "HOME": "/tmp"}
+    assert [(m["Target"], m["VolumeOptions"]["DriverConfig"]["Options"]["o"].split(",")[0])
+            for m in run["mounts"]] == [("/testbed", "size=1024m"), ("/tmp", "size=256m")]
+    # The image was probed for a /testbed of its own once (it has none), and the probe removed.
+    assert client.api.probes == ["img:1"] and client.api.probes_removed == 1
     assert run["labels"][LABEL] == sandbox.id and run["labels"]["rollstream.label.task"] == "t1"
     assert run["labels"][OWNER_LABEL].split(":")[1] == str(os.getpid())
-    assert client.api.execs[0][:4] == ["timeout", "-s", "KILL", "7"]
+    assert client.api.execs[0][:2] == ["bash", "-c"] and "kill -9 -1" in client.api.execs[0][2]
+    assert client.api.execs[0][3:] == ["7", "bash", "-c", "echo hello"]
     assert result.text == "hello\n" and result.ok
     container = client.containers.created[0]
-    assert container.archives[0][0] == "/" and container.removed
+    assert container.archives[0][0] == "/testbed" and container.removed
     assert backend.leases() == []
 
 
@@ -131,6 +158,35 @@ def test_real_container_is_isolated_limited_and_removed() -> None:
         assert sandbox.id not in {lease.id for lease in backend.leases()}
 
     asyncio.run(body())
+
+
+@pytest.mark.skipif(NO_DOCKER is not None, reason=f"{NO_DOCKER}")
+def test_the_workspace_holds_the_images_own_and_is_capped() -> None:
+    import io
+
+    import docker
+
+    client = docker.from_env()
+    dockerfile = (f"FROM {IMAGE}\nRUN mkdir -p /testbed/pkg && echo from-image > "
+                  "/testbed/pkg/a.txt && chmod 700 /testbed/pkg\n").encode()
+    image, _ = client.images.build(fileobj=io.BytesIO(dockerfile), rm=True,
+                                   labels={"rollstream.test": "workspace"})
+    backend = DockerBackend()
+
+    async def body():
+        sandbox = await backend.create(SandboxSpec(image=image.id, limits=Limits(disk_mb=16)))
+        try:
+            return await sandbox.exec("cat pkg/a.txt; stat -c %a pkg; df -k --output=size . "
+                                      "| tail -1; head -c 20000000 /dev/zero 2>/dev/null > b "
+                                      "|| echo full")
+        finally:
+            await sandbox.destroy()
+
+    try:
+        result = asyncio.run(body())
+    finally:
+        client.images.remove(image.id, force=True)
+    assert result.text.split() == ["from-image", "700", "16384", "full"], result.text
 
 
 # As in the bwrap suite: still printing at the timeout, deaf to SIGTERM, or moved out of the

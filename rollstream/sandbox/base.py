@@ -28,6 +28,9 @@ from rollstream.sandbox.leases import Lease
 log = logging.getLogger(__name__)
 
 WORKDIR = "/testbed"
+# Files and folders a size-capped tmpfs may hold per MB: one per 4 KiB, so empty files (which
+# take no space) cannot use up kernel memory without bound.
+INODES_PER_MB = 256
 
 
 class SandboxError(RuntimeError):
@@ -43,11 +46,10 @@ class Limits:
     max_processes: int = 256
     cpus: float = 1.0  # docker only: bwrap has no CPU share, its commands are bounded by time
     file_size_mb: int = 512
-    disk_mb: int = 1024  # bwrap as root: the sandbox's files (workspace, /tmp) together
+    disk_mb: int = 1024  # what the sandbox may write: its workspace and /tmp (see the README)
     open_files: int = 1024
     output_bytes: int = 1 << 20  # per command, head + tail
     timeout_s: float = 30.0  # per command, unless the call says otherwise
-
 
 @dataclass(frozen=True)
 class SandboxSpec:
@@ -82,12 +84,14 @@ def shell_argv(command: str | Sequence[str]) -> list[str]:
     return ["bash", "-c", command] if isinstance(command, str) else list(command)
 
 
-def tar_files(files: Mapping[str, bytes], mode: int = 0o644) -> bytes:
-    """An uncompressed tar of `files` keyed by absolute path, members relative to /."""
+def tar_files(files: Mapping[str, bytes], mode: int = 0o644, root: str = "/") -> bytes:
+    """An uncompressed tar of `files` keyed by absolute path (each under `root`), members
+    relative to `root`."""
     buf = io.BytesIO()
+    prefix = root.rstrip("/") + "/"
     with tarfile.open(fileobj=buf, mode="w") as tar:
         for path, data in files.items():
-            info = tarfile.TarInfo(path.lstrip("/"))
+            info = tarfile.TarInfo(path.removeprefix(prefix))
             info.size = len(data)
             info.mode = mode
             tar.addfile(info, io.BytesIO(data))

@@ -2,7 +2,8 @@
 
 Every `exec` is one `bwrap` run: new pid, network, ipc and uts namespaces (no network at all,
 not even a route), a read-only view of the system (/usr, a few /etc files, the project's Python),
-the episode's workspace at /testbed and its private /tmp as the only writable places. Limits are
+the episode's workspace at /testbed, its private /tmp and /dev/shm as the only writable places,
+all three on one size-capped tmpfs (the disk quota). Limits are
 rlimits set inside the sandbox by prlimit: address space (memory), processes, file size, open
 files. When the command ends or times out, bwrap's pid 1 dies and the kernel kills every process
 left in the namespace: nothing outlives a command, and nothing outlives the owning process
@@ -13,8 +14,11 @@ different one per live sandbox): a root process is exempt from the process limit
 uids keep one sandbox's fork bomb from using up another's limit. Run as another user, bwrap
 makes a user namespace, whose process count the kernel keeps per sandbox.
 
-The workspace lives on the host under the sandbox root (see leases.py), so a sandbox is just a
-directory with a lease: cheap to create (no image), and swept when its owner is gone.
+The workspace lives under the sandbox root (see leases.py), so a sandbox is just a directory
+with a lease: cheap to create (no image), and swept when its owner is gone. Its writable part
+(`disk`) is a tmpfs of `disk_mb`: as root mounted on the host; as another user mounted inside a
+user and mount namespace held by a small process (the holder) that every command enters
+(nsenter) before bwrap starts, and that exits when the sandbox or its owner goes.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import contextlib
 import json
 import logging
 import os
+import select
 import shutil
 import subprocess
 import sys
@@ -34,7 +39,9 @@ from pathlib import Path
 
 from rollstream.sandbox import cgroups, seccomp
 from rollstream.sandbox.base import (
+    INODES_PER_MB,
     Backend,
+    Limits,
     Sandbox,
     SandboxError,
     SandboxSpec,
@@ -74,7 +81,36 @@ def _parents(path: str) -> list[str]:
     return ["/" + "/".join(parts[: i + 1]) for i in range(len(parts))]
 
 
-def _mount_args(workspace: Path, tmp: Path, workdir: str) -> list[str]:
+DISK = "disk"  # under a sandbox's directory: everything the sandbox can write, size-capped
+WRITABLE = ("workspace", "tmp", "shm")  # on the disk: /testbed, /tmp, /dev/shm
+# The holder of a non-root owner's disk: a user and mount namespace of its own with the tmpfs
+# mounted (mount(8) refuses a non-root caller, hence the system call), then a shell that waits
+# for its stdin, a pipe the sandbox holds open, to close: on destroy, or when the owner dies.
+HOLDER = r"""
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+def check(rc, what):
+    if rc != 0:
+        raise OSError(ctypes.get_errno(), what)
+disk, options = sys.argv[1], sys.argv[2]
+uid, gid = os.geteuid(), os.getegid()
+check(libc.unshare(0x10000000 | 0x00020000), "unshare")  # CLONE_NEWUSER | CLONE_NEWNS
+for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"),
+                   ("gid_map", f"{gid} {gid} 1")):
+    with open(f"/proc/self/{name}", "w") as f:
+        f.write(text)
+check(libc.mount(b"none", b"/", None, 16384 | 262144, None), "private")  # MS_REC | MS_PRIVATE
+check(libc.mount(b"rollstream-sandbox", disk.encode(), b"tmpfs", 2 | 4, options.encode()),
+      "mount tmpfs")  # MS_NOSUID | MS_NODEV
+for sub in sys.argv[3:]:
+    os.mkdir(os.path.join(disk, sub))
+print("ready", flush=True)
+os.execv("/bin/sh", ["sh", "-c", "read _"])
+"""
+HOLDER_START_S = 30.0
+
+
+def _mount_args(disk: Path, workdir: str) -> list[str]:
     args = ["--ro-bind", "/usr", "/usr"]
     for name in TOP_LEVEL:
         host = Path("/") / name
@@ -87,7 +123,7 @@ def _mount_args(workspace: Path, tmp: Path, workdir: str) -> list[str]:
         args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
     # The private /tmp first: a project checked out under /tmp (CI clones) must stay visible,
     # so its Python is bound on top of it, not hidden by it.
-    args += ["--bind", str(tmp), "/tmp"]
+    args += ["--bind", str(disk / "tmp"), "/tmp"]
     made: set[str] = set()
     for path in python_paths():
         # bwrap creates missing parents as 0700; the sandbox uid must be able to pass them.
@@ -96,8 +132,11 @@ def _mount_args(workspace: Path, tmp: Path, workdir: str) -> list[str]:
                 made.add(parent)
                 args += ["--perms", "0755", "--dir", parent]
         args += ["--ro-bind", path, path]
-    args += ["--dev", "/dev", "--proc", "/proc",
-             "--bind", str(workspace), workdir,
+    # /dev/shm on the disk too, and the rest of /dev read-only: no tmpfs of bwrap's own (half
+    # the host's memory, uncapped) for the sandbox to fill.
+    args += ["--dev", "/dev", "--bind", str(disk / "shm"), "/dev/shm", "--remount-ro", "/dev",
+             "--proc", "/proc",
+             "--bind", str(disk / "workspace"), workdir,
              "--remount-ro", "/"]  # the rest of the tree: nothing else is writable
     return args
 
@@ -174,9 +213,11 @@ class BwrapSandbox(Sandbox):
 
     def __init__(self, sandbox_id: str, spec: SandboxSpec, directory: Path,
                  uid: int | None, on_destroy: BwrapBackend,
-                 group: cgroups.SandboxCgroup | None = None) -> None:
+                 group: cgroups.SandboxCgroup | None = None,
+                 holder: subprocess.Popen | None = None) -> None:
         super().__init__(sandbox_id, spec)
         self.group = group
+        self.holder = holder
         self.directory = directory
         self.uid = uid
         self._backend = on_destroy
@@ -190,8 +231,7 @@ class BwrapSandbox(Sandbox):
                 "--hostname", "sandbox"]
         if self.uid is None:
             argv += ["--unshare-user", "--disable-userns"]
-        argv += _mount_args(self.directory / "workspace", self.directory / "tmp",
-                            self.spec.workdir)
+        argv += _mount_args(self.directory / DISK, self.spec.workdir)
         return argv + ["--json-status-fd", "{status_fd}", "--chdir", "{cwd}"]
 
     def _limits_command(self) -> list[str]:
@@ -223,6 +263,10 @@ class BwrapSandbox(Sandbox):
         try:
             proc = await asyncio.create_subprocess_exec(
                 *(self.group.join_prefix() if self.group else ()),
+                # Into the holder's namespaces, where the disk is mounted (no privilege kept:
+                # bwrap makes its own user namespace inside).
+                *(("nsenter", f"--target={self.holder.pid}", "--user", "--mount",
+                   "--preserve-credentials", "--") if self.holder else ()),
                 "bwrap", "--args", str(args_fd), "--", *self._command, *argv,
                 stdin=asyncio.subprocess.PIPE if stdin is not None else
                 asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
@@ -295,6 +339,18 @@ class BwrapSandbox(Sandbox):
             except SandboxError as exc:
                 # The episode is over either way; its lease stays for `sandbox sweep`.
                 log.warning("%s", exc)
+            finally:
+                if self.holder is not None:
+                    await asyncio.to_thread(_release, self.holder)
+
+
+def _release(holder: subprocess.Popen) -> None:
+    """End a disk's holder (its tmpfs goes with its mount namespace) and reap it."""
+    for pipe in (holder.stdin, holder.stdout, holder.stderr):
+        if pipe is not None:
+            pipe.close()
+    holder.kill()
+    holder.wait()
 
 
 def _read_all(fd: int) -> bytes:
@@ -320,17 +376,49 @@ def _exit_code(status: bytes, fallback: int) -> int:
 _disk_warned = False
 
 
-def _mount_disk(directory: Path, disk_mb: int) -> None:
-    """A size-capped tmpfs holding everything the sandbox can write (its workspace and /tmp):
-    the disk quota. Its pages count in the sandbox's memory group, as its processes write them.
-    Where mounting is not allowed, one warning: the sandbox then has no disk quota."""
+def _tmpfs_options(limits: Limits) -> str:
+    return f"size={limits.disk_mb}m,nr_inodes={limits.disk_mb * INODES_PER_MB},mode=0711"
+
+
+def _no_disk_quota(reason: str) -> None:
+    """Where no tmpfs can be had, the sandbox has no disk quota: one warning says so."""
     global _disk_warned
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={disk_mb}m,mode=0711,nosuid,nodev",
-                           "rollstream-sandbox", str(directory)], capture_output=True)
-    if done.returncode != 0 and not _disk_warned:
+    if not _disk_warned:
         _disk_warned = True
         log.warning("cannot mount a tmpfs for sandbox files (%s): no disk quota per sandbox",
-                    done.stderr.decode(errors="replace").strip())
+                    reason)
+
+
+def _mount_disk(disk: Path, limits: Limits) -> bool:
+    """As root: a size-capped tmpfs on the host holding everything the sandbox can write (the
+    disk quota). Its pages count in the sandbox's memory group, as its processes write them."""
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"{_tmpfs_options(limits)},nosuid,nodev",
+                           "rollstream-sandbox", str(disk)], capture_output=True)
+    if done.returncode != 0:
+        _no_disk_quota(done.stderr.decode(errors="replace").strip())
+    return done.returncode == 0
+
+
+def _hold_disk(disk: Path, limits: Limits, env: dict[str, str]) -> subprocess.Popen | None:
+    """As another user: the disk's holder (see HOLDER), started and ready, or None (with the
+    warning) where user namespaces or nsenter are not to be had."""
+    if shutil.which("nsenter") is None:
+        _no_disk_quota("nsenter is not installed")
+        return None
+    # This very interpreter, by its magic link: its path may run through folders closed to
+    # the owner (a virtualenv of root's), which /proc/self/exe does not.
+    holder = subprocess.Popen(
+        ["/proc/self/exe", "-I", "-S", "-c", HOLDER, str(disk), _tmpfs_options(limits),
+         *WRITABLE], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env=env, cwd="/")
+    assert holder.stdout is not None and holder.stderr is not None
+    ready, _, _ = select.select([holder.stdout], [], [], HOLDER_START_S)
+    if ready and holder.stdout.readline() == b"ready\n":
+        return holder
+    holder.kill()
+    reason = holder.communicate()[1].decode(errors="replace").strip()
+    _no_disk_quota(reason.splitlines()[-1] if reason else "its holder did not start")
+    return None
 
 
 def delete_tree(path: Path) -> None:
@@ -339,8 +427,9 @@ def delete_tree(path: Path) -> None:
     coreutils walk a tree iteratively. Raises SandboxError when something stays."""
     if not os.path.lexists(path):
         return
-    if os.path.ismount(path):  # a sandbox's disk: its whole tree goes with the mount
-        subprocess.run(["umount", "--lazy", str(path)], capture_output=True, check=False)
+    for disk in (path / DISK, path):  # a sandbox's disk (earlier versions mounted it on path)
+        if os.path.ismount(disk):  # its whole tree goes with the mount
+            subprocess.run(["umount", "--lazy", str(disk)], capture_output=True, check=False)
     if os.geteuid() != 0:  # root passes permission bits; the owner must first restore its own
         subprocess.run(["chmod", "-R", "u+rwx", "--", str(path)], capture_output=True,
                        check=False)
@@ -383,26 +472,34 @@ class BwrapBackend(Backend):
         sandbox_id = f"bw-{uuid.uuid4().hex[:16]}"
         directory = self.root / sandbox_id
         lease = Lease(sandbox_id, self.name, Owner.current().label(), labels=dict(spec.labels))
+        disk = directory / DISK
+        holder = None
         try:
             directory.mkdir(mode=0o711)
+            disk.mkdir(mode=0o711)
+            write_lease(directory, lease)  # before the uid or the holder: each has its lease
             if self.as_root:
-                _mount_disk(directory, spec.limits.disk_mb)
-            (directory / "workspace").mkdir()
-            (directory / "tmp").mkdir()
-            write_lease(directory, lease)  # before the uid: a claim always has its lease
+                _mount_disk(disk, spec.limits)
+            else:
+                holder = _hold_disk(disk, spec.limits, sandbox_env(directory))
+            if holder is None:  # else the holder made them, on its tmpfs
+                for sub in WRITABLE:
+                    (disk / sub).mkdir()
             if self.as_root:
                 lease.uid = self.uids.claim(sandbox_id)
                 write_lease(directory, lease)
-                for sub in ("workspace", "tmp"):
-                    os.chown(directory / sub, lease.uid, lease.uid)
+                for sub in WRITABLE:
+                    os.chown(disk / sub, lease.uid, lease.uid)
             group = cgroups.create(sandbox_id, spec.limits.memory_mb, spec.limits.max_processes)
             if group is not None:
                 lease.cgroups = [str(g) for g in group.groups]
                 write_lease(directory, lease)
         except (OSError, RuntimeError) as exc:
             self.remove(sandbox_id)
+            if holder is not None:
+                _release(holder)
             raise SandboxError(f"cannot create sandbox under {self.root}: {exc}") from exc
-        return BwrapSandbox(sandbox_id, spec, directory, lease.uid, self, group)
+        return BwrapSandbox(sandbox_id, spec, directory, lease.uid, self, group, holder)
 
     def leases(self) -> list[Lease]:
         found = []

@@ -7,8 +7,10 @@ tox.ini, setup.cfg, pyproject.toml; a patch touching .git is refused), then appl
 patch; run the test command on the test directives. pytest runs write a JUnit report outside
 the workspace and statuses come from it (junit.py), so lines the code under test prints cannot
 pass as results; other runners' logs go through their log parser. Resolved means every
-FAIL_TO_PASS and every PASS_TO_PASS test passes (or, for tasks that give expected statuses,
-every listed test has its expected status).
+FAIL_TO_PASS and every PASS_TO_PASS test passes, by SWE-bench's rules (a skipped PASS_TO_PASS
+test is no regression; a listed id cut inside its parameters stands for the tests it begins),
+checked against its own grading in tests/test_swebench_contract.py; or, for tasks that give
+expected statuses, every listed test has its expected status.
 
 What is still in reach: the agent's own source runs inside the test process, so it could
 rewrite pytest's internals at import time; the restored files and the report close the easy
@@ -24,6 +26,7 @@ from __future__ import annotations
 import posixpath
 import shlex
 import uuid
+from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 from rollstream.envs.base import Score, agent_failure
@@ -32,7 +35,7 @@ from rollstream.envs.swe.instance import SweInstance, patch_files
 from rollstream.envs.swe.junit import JUNIT_OPTIONS, parse_junit
 from rollstream.envs.swe.log_parsers import PASSING, get_parser
 from rollstream.envs.swe.workspace import WorkspaceError
-from rollstream.sandbox import SandboxError, SandboxSpec, create_sandbox
+from rollstream.sandbox import ExecResult, Sandbox, SandboxError, SandboxSpec, create_sandbox
 
 LOG_BYTES = 4 << 20  # test logs: the summary is at the end, so the tail is kept
 REPORT_BYTES = 16 << 20
@@ -41,13 +44,28 @@ PROTECTED_NAMES = frozenset({"conftest.py", "pytest.ini", "tox.ini", "setup.cfg"
 
 
 def resolution(instance: SweInstance, statuses: dict[str, str]) -> dict[str, list[str]]:
-    """Which required tests failed (absent from the log counts as failed)."""
+    """Which required tests failed, as SWE-bench's grading decides: absent counts as failed; a
+    skipped FAIL_TO_PASS test fails, a skipped PASS_TO_PASS one is kept (no regression)."""
     if instance.expected_statuses:
         return {"mismatched": [t for t, want in instance.expected_statuses.items()
                                if statuses.get(t) != want]}
-    return {name: [t for t in tests if statuses.get(t) not in PASSING]
-            for name, tests in (("FAIL_TO_PASS", instance.fail_to_pass),
-                                ("PASS_TO_PASS", instance.pass_to_pass))}
+    return {"FAIL_TO_PASS": [t for t in instance.fail_to_pass
+                             if _status(t, statuses) not in PASSING],
+            "PASS_TO_PASS": [t for t in instance.pass_to_pass
+                             if _status(t, statuses) not in PASSING | {"SKIPPED"}]}
+
+
+def _status(test: str, statuses: dict[str, str]) -> str | None:
+    """The status of `test`. SWE-bench's lists hold ids cut inside their parameters (e.g.
+    `test_grammar[log(photon`): such an id takes the status of the tests it begins, when they
+    agree on passing or not (SWE-bench's own rule)."""
+    if test in statuses:
+        return statuses[test]
+    if test.count("[") > test.count("]"):
+        found = [status for name, status in statuses.items() if name.startswith(test)]
+        if found and len({status in PASSING for status in found}) == 1:
+            return found[0]
+    return None
 
 
 def sandbox_spec(instance: SweInstance, **labels: str) -> SandboxSpec:
@@ -58,12 +76,40 @@ async def grade(instance: SweInstance, patch: str) -> Score:
     """Score `patch` (the agent's diff) against the task's tests."""
     if not patch.strip():
         return agent_failure("empty patch")
+    run = await run_tests(instance, patch)
+    if isinstance(run, Score):
+        return run
+    failing = resolution(instance, run.statuses)
+    resolved = not any(failing.values())
+    verifier = {"resolved": resolved, "apply": run.applied, "failing": failing,
+                "tests_run": len(run.statuses), "exit_code": run.output.exit_code,
+                "timed_out": run.output.timed_out, "statuses_from": run.source,
+                "restored": run.restored}
+    if not run.statuses:
+        verifier["log_tail"] = run.output.text[-2000:]
+    return Score(1.0 if resolved else 0.0, "ok", verifier)
+
+
+@dataclass(frozen=True)
+class SuiteRun:
+    """What the task's tests did on a patch: their output, and the statuses graded."""
+
+    output: ExecResult
+    statuses: dict[str, str]
+    source: str  # "junit" (pytest's report) or "log" (the task's log parser)
+    applied: str  # the command that applied the patch
+    restored: list[str]  # files put back as at the base commit
+
+
+async def run_tests(instance: SweInstance, patch: str) -> SuiteRun | Score:
+    """Run the task's tests on `patch` in a fresh sandbox; a Score when they could not run
+    (the patch is refused or does not apply, the task or the sandbox failed)."""
     try:
         sandbox = await create_sandbox(sandbox_spec(instance, stage="eval"))
     except SandboxError as exc:
         return Score(None, "infra", {"reason": f"sandbox: {exc}"})
     try:
-        return await _grade_in(sandbox, instance, patch)
+        return await _run_in(sandbox, instance, patch)
     except SandboxError as exc:
         return Score(None, "infra", {"reason": f"sandbox: {exc}"})
     except WorkspaceError as exc:
@@ -84,7 +130,7 @@ def _uses_junit(instance: SweInstance) -> bool:
     return instance.log_parser == "pytest" and "pytest" in instance.test_cmd
 
 
-async def _grade_in(sandbox, instance: SweInstance, patch: str) -> Score:
+async def _run_in(sandbox: Sandbox, instance: SweInstance, patch: str) -> SuiteRun | Score:
     if any(".git" in PurePosixPath(p).parts for p in patch_files(patch)):
         return agent_failure("the patch touches .git")
     base = await workspace.prepare(sandbox, instance)
@@ -117,11 +163,4 @@ async def _grade_in(sandbox, instance: SweInstance, patch: str) -> Score:
             statuses = {}
     else:
         statuses = get_parser(instance.log_parser)(run.text)
-    failing = resolution(instance, statuses)
-    resolved = not any(failing.values())
-    verifier = {"resolved": resolved, "apply": applied.command, "failing": failing,
-                "tests_run": len(statuses), "exit_code": run.exit_code,
-                "timed_out": run.timed_out, "statuses_from": source, "restored": restore}
-    if not statuses:
-        verifier["log_tail"] = run.text[-2000:]
-    return Score(1.0 if resolved else 0.0, "ok", verifier)
+    return SuiteRun(run, statuses, source, applied.command, restore)

@@ -8,7 +8,9 @@ pytest to a path outside the workspace, named at random per run.
 pytest's `xunit1` family records each test's file; with its classname this gives back the node
 id (`tests/test_a.py::TestCase::test_x[param]`). SWE-bench's ids are the first word of that id
 (its log parser splits summary lines on whitespace, so `test_ids[a b]` is known there as
-`test_ids[a`): the same cut is made here so task lists written by SWE-bench match.
+`test_ids[a`): the same cut is made here so task lists written by SWE-bench match. Skipped
+tests are left out, as from the log (`pytest -rA` sums skips up by location, naming no test),
+so a skipped test is graded as SWE-bench grades it: missing.
 """
 
 from __future__ import annotations
@@ -29,20 +31,20 @@ def _node_id(case: ET.Element) -> str:
     return "::".join([file, *(c for c in classes.split(".") if c), name])
 
 
-def _status(case: ET.Element) -> str:
+def _status(case: ET.Element) -> str | None:
     if case.find("failure") is not None:
         return "FAILED"
     if case.find("error") is not None:
         return "ERROR"
     skipped = case.find("skipped")
     if skipped is not None:
-        return "XFAIL" if skipped.get("type") == "pytest.xfail" else "SKIPPED"
+        return "XFAIL" if skipped.get("type") == "pytest.xfail" else None
     return "PASSED"
 
 
 def parse_junit(xml: bytes) -> dict[str, str]:
-    """{SWE-bench test id: PASSED | FAILED | ERROR | SKIPPED | XFAIL}; raises ValueError on a
-    document that is not a JUnit report."""
+    """{SWE-bench test id: PASSED | FAILED | ERROR | XFAIL} (skipped tests left out); raises
+    ValueError on a document that is not a JUnit report."""
     try:
         root = ET.fromstring(xml)
     except ET.ParseError as exc:
@@ -50,6 +52,7 @@ def parse_junit(xml: bytes) -> dict[str, str]:
     statuses: dict[str, str] = {}
     for case in root.iter("testcase"):
         words = _node_id(case).split()
-        if words:
-            statuses[words[0]] = _status(case)
+        status = _status(case)
+        if words and status is not None:
+            statuses[words[0]] = status
     return statuses

@@ -14,20 +14,22 @@ PASSING = frozenset({"PASSED", "XFAIL"})
 # SWE-bench's TestStatus: an XPASS line is not a status there, so it is not one here either.
 _PYTEST_STATUSES = ("FAILED", "PASSED", "SKIPPED", "ERROR", "XFAIL")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_COUNT = re.compile(r"^\[\d+\]$")
 
 
 def parse_pytest(log: str) -> dict[str, str]:
     """`pytest -rA` short summary lines: `PASSED tests/a.py::test_x`,
     `FAILED tests/a.py::test_y - AssertionError: ...`. Test ids are cut as SWE-bench's own
     parser cuts them (the line's second word: `test_ids[a b]` is `test_ids[a`), so task lists
-    made by SWE-bench match. Colour codes are dropped first (SWE-bench's runs have none)."""
+    made by SWE-bench match; the `SKIPPED [2] tests/a.py:3: reason` summary names no test.
+    Colour codes are dropped first (SWE-bench's runs have none)."""
     statuses: dict[str, str] = {}
     for line in _ANSI.sub("", log).split("\n"):
         if line.startswith(_PYTEST_STATUSES):
             if line.startswith("FAILED"):
                 line = line.replace(" - ", " ")
             words = line.split()
-            if len(words) > 1:
+            if len(words) > 1 and not (words[0] == "SKIPPED" and _COUNT.match(words[1])):
                 statuses[words[1]] = words[0]
     return statuses
 
