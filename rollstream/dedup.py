@@ -39,15 +39,24 @@ class SeenIds:
         self.window = settings.dedup_window
         self._seen: dict[int, OrderedDict[str, None]] = {}
 
-    def restore(self, partitions: list[int]) -> None:
-        """Read the markers of newly assigned partitions (committed ones only)."""
-        for p in partitions:
-            self._seen[p] = OrderedDict()
+    def restore(self, partitions: list[int], attempts: int = 5) -> None:
+        """Read the markers of newly assigned partitions (committed ones only). After a broker
+        restart a transaction left open by a killed writer holds the readable end back until
+        it times out, so a read that does not reach the end is tried again, not fatal."""
         tps = [TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in partitions]
-        for msg in kafka.read_partitions(self.settings, tps):
-            key = msg.key().decode()
-            if key.startswith(self.prefix):
-                self._remember(msg.partition(), key[len(self.prefix):])
+        for attempt in range(1, attempts + 1):
+            for p in partitions:
+                self._seen[p] = OrderedDict()
+            try:
+                for msg in kafka.read_partitions(self.settings, tps):
+                    key = msg.key().decode()
+                    if key.startswith(self.prefix):
+                        self._remember(msg.partition(), key[len(self.prefix):])
+                return
+            except TimeoutError as exc:
+                if attempt == attempts:
+                    raise
+                log.warning("restoring handled ids, attempt %d of %d: %s", attempt, attempts, exc)
 
     def forget(self, partitions: list[int]) -> None:
         for p in partitions:
