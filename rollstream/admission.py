@@ -35,6 +35,7 @@ from confluent_kafka import KafkaException, TopicPartition
 
 from rollstream import kafka
 from rollstream.config import Settings
+from rollstream.dedup import RecentIds
 from rollstream.policy_versions import PolicyReader
 
 # The PolicyVersion metric in which the trainer (trainer_bridge.train_loop) reports the groups
@@ -104,9 +105,8 @@ class AdmissionGate:
         self.stall_s = stall_s
         self.startup_s = startup_s
         self.admitted = 0
-        # Recently admitted ids (an ordered set): a redo comes soon after the first try.
-        self._recent: dict[str, None] = {}
-        self._memory = max(16 * window, 10_000)
+        # Recently admitted ids: a redo comes soon after the first try.
+        self._recent = RecentIds(max(16 * window, 10_000))
         self.follower = PolicyFollower(settings)
         self._bonus = 0
         self._seen = (self.follower.version, self.follower.consumed)
@@ -141,9 +141,7 @@ class AdmissionGate:
     def admit(self, task_id: str) -> None:
         if task_id in self._recent:
             return
-        self._recent[task_id] = None
-        if len(self._recent) > self._memory:
-            del self._recent[next(iter(self._recent))]
+        self._recent.add(task_id)
         if self.admitted <= self.follower.consumed:
             self._last_progress = time.monotonic()  # into an empty pipeline: the stall clock starts
         self.admitted += 1

@@ -29,6 +29,23 @@ from rollstream.runtime import Output
 log = logging.getLogger("rollstream.dedup")
 
 
+class RecentIds:
+    """The newest `limit` ids, oldest forgotten first (an insertion-ordered set)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._ids: OrderedDict[str, None] = OrderedDict()
+
+    def __contains__(self, event_id: str) -> bool:
+        return event_id in self._ids
+
+    def add(self, event_id: str) -> None:
+        self._ids[event_id] = None
+        self._ids.move_to_end(event_id)
+        if len(self._ids) > self.limit:
+            self._ids.popitem(last=False)
+
+
 class SeenIds:
     """The ids one stage has handled, per input partition."""
 
@@ -37,7 +54,7 @@ class SeenIds:
         self.topic = settings.topics.seen
         self.prefix = f"{stage}/"
         self.window = settings.dedup_window
-        self._seen: dict[int, OrderedDict[str, None]] = {}
+        self._seen: dict[int, RecentIds] = {}
 
     def restore(self, partitions: list[int], attempts: int = 5) -> None:
         """Read the markers of newly assigned partitions (committed ones only). After a broker
@@ -46,7 +63,7 @@ class SeenIds:
         tps = [TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in partitions]
         for attempt in range(1, attempts + 1):
             for p in partitions:
-                self._seen[p] = OrderedDict()
+                self._seen[p] = RecentIds(self.window)
             try:
                 for msg in kafka.read_partitions(self.settings, tps):
                     key = msg.key().decode()
@@ -65,7 +82,7 @@ class SeenIds:
     def claim(self, partition: int, event_id: str) -> bool:
         """True the first time `event_id` is seen on `partition` (it is remembered at once, so
         a copy arriving while the first is still being handled is refused too)."""
-        seen = self._seen.setdefault(partition, OrderedDict())
+        seen = self._seen.setdefault(partition, RecentIds(self.window))
         if event_id in seen:
             log.info("%s%s: already handled, duplicate skipped", self.prefix, event_id)
             return False
@@ -77,8 +94,4 @@ class SeenIds:
         return Output(self.topic, f"{self.prefix}{event_id}", None, b"", partition=partition)
 
     def _remember(self, partition: int, event_id: str) -> None:
-        seen = self._seen[partition]
-        seen[event_id] = None
-        seen.move_to_end(event_id)
-        if len(seen) > self.window:
-            seen.popitem(last=False)
+        self._seen[partition].add(event_id)
