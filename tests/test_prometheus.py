@@ -1,5 +1,5 @@
-"""A real Prometheus server scrapes a running pipeline; PromQL over its HTTP API sees scored
-episodes flowing and every stage's lag."""
+"""A real Prometheus server scrapes a running pipeline; PromQL over its HTTP API sees every
+episode scored and every stage's lag."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 
 from rollstream.config import Settings
 from rollstream.dev.processes import ProcessGroup, free_port, wait_http
-from tests.test_status import start_pipeline
+from tests.test_status import GROUP, TASKS, start_pipeline
 
 PROMETHEUS = shutil.which("prometheus")
 
@@ -56,21 +56,19 @@ def test_prometheus_scrapes_every_process_of_a_pipeline(settings: Settings,
                     "--prefix", settings.prefix, "--metrics-port", str(ports["status"]))
         start_pipeline(settings, procs, tmp_path, ports)
 
-        # Each condition is kept once seen: a small run can drain, and its 1-minute rate fall
-        # back to 0, before the last scrape target reports.
+        # The scored count, not its rate: the counter's series appears with the first scored
+        # episode, and a small run can drain before Prometheus has two samples to take a rate of.
         deadline = time.monotonic() + 120
-        positive_rate = None
         while True:
             procs.check_alive()
             up = query(base, "up")
-            rate = query(base, "sum(rate(rollstream_episodes_total[1m]))")
+            scored = query(base, "sum(rollstream_episodes_total)")
             lag = query(base, "rollstream_stage_lag_events")
-            if rate and float(rate[0]["value"][1]) > 0:
-                positive_rate = rate
             if (len(up) == len(ports) and all(r["value"][1] == "1" for r in up)
-                    and positive_rate and len(lag) == 4):
+                    and scored and float(scored[0]["value"][1]) == TASKS * GROUP
+                    and len(lag) == 4):
                 break
-            assert time.monotonic() < deadline, f"up={up} rate={rate} lag={lag}"
+            assert time.monotonic() < deadline, f"up={up} scored={scored} lag={lag}"
             time.sleep(1)
     finally:
         procs.stop_all()
