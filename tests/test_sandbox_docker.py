@@ -6,7 +6,11 @@ backend (scaffold, evaluation) is the same for both and runs on bwrap in tests/t
 from __future__ import annotations
 
 import asyncio
+import io
 import os
+import sys
+import threading
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -59,8 +63,16 @@ class _Api:
         self.execs.append(argv)
         return {"Id": "e1"}
 
-    def exec_start(self, exec_id: str, stream: bool, demux: bool) -> Any:
-        yield b"hello\n"
+    def exec_start(self, exec_id: str, stream: bool) -> Any:
+        # What the SDK hands back: a stream over an HTTP response whose headers are read;
+        # "hello\n" as one stdout frame of the engine's multiplexed format.
+        reader = io.BufferedReader(io.BytesIO(b"\x01\x00\x00\x00\x00\x00\x00\x06hello\n"))
+        response = SimpleNamespace(raw=SimpleNamespace(_fp=SimpleNamespace(fp=reader)),
+                                   close=reader.close)
+        return SimpleNamespace(_response=response)
+
+    def _disable_socket_timeout(self, sock: Any) -> None:
+        pass
 
     def exec_inspect(self, exec_id: str) -> dict:
         return {"ExitCode": 0}
@@ -197,6 +209,36 @@ RUNAWAY = {
     "ignores_sigterm": "trap '' TERM; while :; do echo still here; sleep 0.01; done",
     "setsid_holds_output": "setsid yes & sleep 300",
 }
+
+
+@pytest.mark.skipif(NO_DOCKER is not None, reason=f"{NO_DOCKER}")
+def test_a_fast_commands_output_is_not_lost_when_its_reader_is_slow() -> None:
+    """A busy thread that holds the interpreter for long stretches delays each exec's read of
+    the engine's reply until the command has finished: its output then arrives in the same
+    read as the reply's headers (what a loaded machine did to `git rev-parse HEAD`)."""
+    backend = DockerBackend()
+    done = threading.Event()
+
+    def hold_the_interpreter() -> None:
+        while not done.is_set():
+            pass
+
+    async def body() -> list[str]:
+        sandbox = await backend.create(SandboxSpec(image=IMAGE))
+        interval = sys.getswitchinterval()
+        hog = threading.Thread(target=hold_the_interpreter, daemon=True)
+        sys.setswitchinterval(0.2)
+        hog.start()
+        try:
+            return [(await sandbox.exec(f"echo {i}")).text for i in range(4)]
+        finally:
+            done.set()
+            hog.join()
+            sys.setswitchinterval(interval)
+            await sandbox.destroy()
+
+    outputs = asyncio.run(body())
+    assert outputs == [f"{i}\n" for i in range(4)]
 
 
 @pytest.mark.skipif(NO_DOCKER is not None, reason=f"{NO_DOCKER}")

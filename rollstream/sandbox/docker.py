@@ -23,10 +23,11 @@ import contextlib
 import errno
 import math
 import os
+import struct
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from rollstream.sandbox.base import (
@@ -56,6 +57,8 @@ KEEPER = ["bash", "-c", "trap 'exit 0' TERM; while :; do sleep 3600 & wait $!; d
 RUNNER = 'timeout -s KILL "$0" "$@"; s=$?; kill -9 -1 2>/dev/null; exit $s'
 TMP = "/tmp"
 ENGINE_GRACE_S = 30.0  # after killing everything: the engine itself is stuck
+# A frame of an exec's multiplexed output: stream (1 stdout, 2 stderr), 3 pad bytes, size.
+FRAME_HEADER = struct.Struct(">B3xL")
 
 
 def _errors() -> tuple[type[BaseException], ...]:
@@ -101,6 +104,27 @@ def _in_own_thread(fn: Callable[..., int], *args: Any) -> asyncio.Future[int]:
 
     threading.Thread(target=target, daemon=True, name="docker-exec").start()
     return future
+
+
+def _exec_output(api: Any, exec_id: str) -> Iterator[bytes]:
+    """Start an exec and yield its output (stdout and stderr multiplexed, no tty), frame by
+    frame, until the command and everything holding its output are gone.
+
+    docker-py reads the frames from the raw socket, past the buffer in which the HTTP client
+    read the response's headers; a fast command's output sent together with them lands in that
+    buffer and is lost (seen on a loaded machine: `git rev-parse HEAD` printing nothing, exit
+    0, in about 1 of 100 execs). So the frames are read here through that buffer."""
+    response = api.exec_start(exec_id, stream=True)._response
+    reader = response.raw._fp.fp  # http.client's buffered reader: the headers are read
+    api._disable_socket_timeout(reader.raw)  # a silent command may run for many minutes
+    try:
+        while header := reader.read(FRAME_HEADER.size):
+            if len(header) < FRAME_HEADER.size:
+                raise OSError("the engine's output stream ended inside a frame header")
+            _stream, size = FRAME_HEADER.unpack(header)
+            yield reader.read(size)
+    finally:
+        response.close()
 
 
 class DockerSandbox(Sandbox):
@@ -164,7 +188,7 @@ class DockerSandbox(Sandbox):
         api = self.client.api
         exec_id = api.exec_create(self.container.id, argv, workdir=cwd, stdout=True,
                                   stderr=True, stdin=False, tty=False)["Id"]
-        for chunk in api.exec_start(exec_id, stream=True, demux=False):
+        for chunk in _exec_output(api, exec_id):
             capture.feed(chunk)
         return int(api.exec_inspect(exec_id)["ExitCode"])
 
