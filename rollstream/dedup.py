@@ -56,16 +56,18 @@ class SeenIds:
         self.window = settings.dedup_window
         self._seen: dict[int, RecentIds] = {}
 
-    def restore(self, partitions: list[int], attempts: int = 5) -> None:
-        """Read the markers of newly assigned partitions (committed ones only). After a broker
-        restart a transaction left open by a killed writer holds the readable end back until
-        it times out, so a read that does not reach the end is tried again, not fatal."""
+    def restore(self, partitions: list[int], attempts: int = 5,
+                attempt_s: float = 60.0) -> None:
+        """Read the markers of newly assigned partitions (committed ones only: the read ends
+        at the last stable offset, so a killed writer's open transaction does not hold it
+        up). A read that does not reach the end in `attempt_s` (a broker still recovering
+        after a restart, under load) is tried again, not fatal to the stage."""
         tps = [TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in partitions]
         for attempt in range(1, attempts + 1):
             for p in partitions:
                 self._seen[p] = RecentIds(self.window)
             try:
-                for msg in kafka.read_partitions(self.settings, tps):
+                for msg in kafka.read_partitions(self.settings, tps, attempt_s):
                     key = msg.key().decode()
                     if key.startswith(self.prefix):
                         self._remember(msg.partition(), key[len(self.prefix):])

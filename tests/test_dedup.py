@@ -84,3 +84,24 @@ def test_the_memory_is_bounded_oldest_forgotten_first(settings: Settings) -> Non
     assert seen.claim(0, "c")  # window 2: "a" (the oldest) is forgotten
     assert seen.claim(0, "a") and not seen.claim(0, "c")
     assert seen.claim(1, "a")  # per partition
+
+
+def test_a_restore_keeps_committed_markers_and_is_not_held_up_by_an_open_transaction(
+        settings: Settings) -> None:
+    """A writer killed inside a transaction leaves it open (for 15 s, its timeout): the
+    restore reads up to the last stable offset, at once, and keeps the committed marker only."""
+    seen_topic = settings.topics.seen
+    done = kafka.producer(settings, f"{settings.prefix}-done")
+    done.init_transactions(30)
+    with kafka.transaction(done):
+        kafka.produce(done, seen_topic, b"", "eval/handled", partition=0)
+    killed = kafka.producer(settings, f"{settings.prefix}-killed")
+    killed.init_transactions(30)
+    killed.begin_transaction()
+    kafka.produce(killed, seen_topic, b"", "eval/in-flight", partition=0)
+    assert killed.flush(30) == 0  # written, never committed: the writer is gone
+
+    seen = SeenIds(settings, "eval")
+    seen.restore([0], attempts=1, attempt_s=10.0)  # less than the transaction's timeout
+    assert not seen.claim(0, "handled")
+    assert seen.claim(0, "in-flight")
