@@ -64,8 +64,12 @@ $(SWEBENCH_STAMP): $(STAMP)
 images: deps
 	./scripts/local-images.sh
 
+# Two workers share one broker (tests/conftest.py); most tests wait on processes and the broker,
+# so two of them overlap well on two cores. TEST_WORKERS=0 runs the suite in one process.
+TEST_WORKERS ?= 2
+
 test: venv deps images
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 demo: venv deps
 	$(BIN)/rollstream demo

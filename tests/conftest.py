@@ -1,6 +1,7 @@
 """Shared fixtures: one Kafka broker per test session, fresh topics per test.
 
-Broker, in order: KAFKA_BOOTSTRAP_SERVERS; else a Kafka container when a Docker engine answers
+Broker, in order: KAFKA_BOOTSTRAP_SERVERS; else, with xdist workers, the bundled broker started
+once for all of them; else a Kafka container when a Docker engine answers
 and holds the Kafka image (registries may be unreachable); else the bundled local broker
 (rollstream.broker.local), reused if it is running already.
 """
@@ -22,6 +23,8 @@ from rollstream.topics import create_topics, delete_topics
 if TYPE_CHECKING:
     from testcontainers.core.container import DockerContainer
 
+BOOTSTRAP_ENV = "KAFKA_BOOTSTRAP_SERVERS"
+SHARED_BOOTSTRAP_ENV = "ROLLSTREAM_TEST_SHARED_BOOTSTRAP"  # the xdist controller's broker
 # The same Kafka as the bundled broker (rollstream/broker/pom.xml).
 KAFKA_IMAGE = "apache/kafka:4.1.2"
 
@@ -79,10 +82,23 @@ def _kafka_container() -> tuple[DockerContainer, str]:
     return container, bootstrap
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """With workers (`-n`), one broker for all of them, started here in the controller before
+    they are spawned (they inherit its address) and stopped at the end if started here."""
+    parallel = getattr(config.option, "numprocesses", None)
+    if not parallel or hasattr(config, "workerinput") or os.environ.get(BOOTSTRAP_ENV):
+        return
+    if not local.is_running():
+        config.add_cleanup(local.stop)
+    # Not KAFKA_BOOTSTRAP_SERVERS: the processes tests start must not inherit it.
+    os.environ[SHARED_BOOTSTRAP_ENV] = local.start()
+
+
 @pytest.fixture(scope="session")
 def bootstrap() -> Iterator[str]:
-    if os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
-        yield os.environ["KAFKA_BOOTSTRAP_SERVERS"]
+    shared = os.environ.get(BOOTSTRAP_ENV) or os.environ.get(SHARED_BOOTSTRAP_ENV)
+    if shared:
+        yield shared
     elif _kafka_image_here():
         container, address = _kafka_container()
         try:
