@@ -201,8 +201,12 @@ def brokers(bootstrap: str, timeout: float = 5.0) -> set[int]:
 def wait_ready(bootstrap: str, nodes: int, timeout: float = 120) -> None:
     """Block until the metadata lists `nodes` live brokers."""
     deadline = time.monotonic() + timeout
+    suspects: set[int] = set()
     while len(brokers(bootstrap)) < nodes:
-        dead = [n for n in range(1, nodes + 1) if pid(n) is None]
+        # Dead only when seen so twice in a row: a JVM just launched can fail the check once
+        # (its command line unreadable for a moment on a loaded machine).
+        missing = {n for n in range(1, nodes + 1) if pid(n) is None}
+        dead, suspects = sorted(missing & suspects), missing
         if dead:
             log = node_dir(dead[0]) / "broker.log"
             tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:]) \
