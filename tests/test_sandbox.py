@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -21,6 +22,7 @@ import pytest
 
 from rollstream.sandbox import Limits, SandboxError, SandboxSpec
 from rollstream.sandbox.bwrap import BwrapBackend, BwrapSandbox, delete_tree
+from rollstream.sandbox.leases import UidPool
 from tests.sandbox_helpers import live_sandboxes, needs_bwrap, processes_in, sandbox_root
 
 __all__ = ["sandbox_root"]  # the fixture, imported for pytest
@@ -420,6 +422,34 @@ def test_a_sandbox_whose_owner_died_is_reaped_and_a_live_ones_is_kept(
     finally:
         owner.kill()
         owner.wait()
+
+
+def test_freeing_orphaned_uids_while_sandboxes_come_and_go(tmp_path: Path) -> None:
+    """Another process claims and releases uids while this one frees orphans (a sweep before
+    a create, as RUN and EVAL both do): nothing raises, orphans are freed, live claims stay."""
+    pool = UidPool(tmp_path, first=100_000, count=64)
+    (tmp_path / "bw-live").mkdir()
+    live = pool.claim("bw-live")
+    orphan = pool.claim("bw-gone")  # its directory is gone: its owner died before releasing
+    stop = threading.Event()
+
+    def churn() -> None:
+        while not stop.is_set():
+            (tmp_path / "bw-churn").mkdir()
+            uid = pool.claim("bw-churn")
+            pool.release(uid)
+            (tmp_path / "bw-churn").rmdir()
+
+    churner = threading.Thread(target=churn)
+    churner.start()
+    try:
+        for _ in range(2000):
+            pool.release_orphans()
+    finally:
+        stop.set()
+        churner.join()
+    links = {int(link.name): os.readlink(link) for link in pool.dir.iterdir()}
+    assert links == {live: "bw-live"} and orphan not in links
 
 
 def test_sweep_cli_removes_only_abandoned_sandboxes(sandbox_root: Path) -> None:

@@ -465,7 +465,10 @@ class BwrapBackend(Backend):
             raise SandboxError(reason)
         if time.monotonic() - self._last_reap > REAP_INTERVAL_S:
             self._last_reap = time.monotonic()
-            await asyncio.to_thread(self.reap)
+            try:
+                await asyncio.to_thread(self.reap)
+            except OSError as exc:  # housekeeping, never the episode's failure
+                log.warning("sandbox sweep before a create: %s", exc)
         return await asyncio.to_thread(self._create, spec)
 
     def _create(self, spec: SandboxSpec) -> BwrapSandbox:
@@ -527,5 +530,5 @@ class BwrapBackend(Backend):
     def reap(self, older_than_s: float | None = None, everything: bool = False) -> list[Lease]:
         reaped = super().reap(older_than_s, everything)
         if self.as_root and (self.root / ".uids").is_dir():
-            self.uids.release_orphans({p.name for p in self.root.glob("bw-*")})
+            self.uids.release_orphans()
         return reaped

@@ -129,7 +129,15 @@ class UidPool:
     def release(self, uid: int) -> None:
         (self.dir / str(uid)).unlink(missing_ok=True)
 
-    def release_orphans(self, live_ids: set[str]) -> None:
+    def release_orphans(self) -> None:
+        """Free the uids whose sandbox directory is gone (an owner that died between removing
+        the one and releasing the other). Sandboxes come and go meanwhile, in this process
+        and others: each link is checked against its directory as it is read (a sandbox
+        makes its directory before it claims a uid), and one released meanwhile is skipped."""
         for link in self.dir.iterdir():
-            if os.readlink(link) not in live_ids:
+            try:
+                sandbox_id = os.readlink(link)
+            except FileNotFoundError:
+                continue
+            if not (self.dir.parent / sandbox_id).exists():
                 link.unlink(missing_ok=True)
