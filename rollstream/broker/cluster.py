@@ -118,13 +118,18 @@ def _write_config(st: dict[str, Any], node: int) -> Path:
     return path
 
 
-def pid(node: int) -> int | None:
-    """The node's broker pid while it runs."""
+def _recorded_pid(node: int) -> int | None:
+    """The pid in the node's pid file (possibly stale: a recycled pid)."""
     try:
-        value = int(_pid_path(node).read_text().strip())
+        return int(_pid_path(node).read_text().strip())
     except (OSError, ValueError):
         return None
-    return value if local._is_our_broker(value) else None
+
+
+def pid(node: int) -> int | None:
+    """The node's broker pid while it runs."""
+    value = _recorded_pid(node)
+    return value if value is not None and local._is_our_broker(value) else None
 
 
 def running_nodes() -> list[int]:
@@ -201,12 +206,12 @@ def brokers(bootstrap: str, timeout: float = 5.0) -> set[int]:
 def wait_ready(bootstrap: str, nodes: int, timeout: float = 120) -> None:
     """Block until the metadata lists `nodes` live brokers."""
     deadline = time.monotonic() + timeout
-    suspects: set[int] = set()
+    # The pids just started (or found running): whether they live is all that matters here,
+    # as for the single broker. pid()'s command-line check is for stale pid files, and a JVM
+    # that has just been launched once failed it on a loaded machine.
+    launched = {n: _recorded_pid(n) for n in range(1, nodes + 1)}
     while len(brokers(bootstrap)) < nodes:
-        # Dead only when seen so twice in a row: a JVM just launched can fail the check once
-        # (its command line unreadable for a moment on a loaded machine).
-        missing = {n for n in range(1, nodes + 1) if pid(n) is None}
-        dead, suspects = sorted(missing & suspects), missing
+        dead = [n for n, p in launched.items() if p is None or not local._alive(p)]
         if dead:
             log = node_dir(dead[0]) / "broker.log"
             tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:]) \
