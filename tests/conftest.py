@@ -1,9 +1,9 @@
 """Shared fixtures: one Kafka broker per test session, fresh topics per test.
 
-Broker, in order: KAFKA_BOOTSTRAP_SERVERS; else, with xdist workers, the bundled broker started
-once for all of them; else a Kafka container when a Docker engine answers
+Broker, in order: KAFKA_BOOTSTRAP_SERVERS; else a Kafka container when a Docker engine answers
 and holds the Kafka image (registries may be unreachable); else the bundled local broker
-(rollstream.broker.local), reused if it is running already.
+(rollstream.broker.local), reused if it is running already. With xdist workers (`-n`) the
+controller chooses it once and every worker uses that one.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import os
 import socket
 import uuid
 from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from typing import TYPE_CHECKING
 
 import pytest
@@ -82,23 +83,11 @@ def _kafka_container() -> tuple[DockerContainer, str]:
     return container, bootstrap
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    """With workers (`-n`), one broker for all of them, started here in the controller before
-    they are spawned (they inherit its address) and stopped at the end if started here."""
-    parallel = getattr(config.option, "numprocesses", None)
-    if not parallel or hasattr(config, "workerinput") or os.environ.get(BOOTSTRAP_ENV):
-        return
-    if not local.is_running():
-        config.add_cleanup(local.stop)
-    # Not KAFKA_BOOTSTRAP_SERVERS: the processes tests start must not inherit it.
-    os.environ[SHARED_BOOTSTRAP_ENV] = local.start()
-
-
-@pytest.fixture(scope="session")
-def bootstrap() -> Iterator[str]:
-    shared = os.environ.get(BOOTSTRAP_ENV) or os.environ.get(SHARED_BOOTSTRAP_ENV)
-    if shared:
-        yield shared
+@contextmanager
+def _session_broker() -> Iterator[str]:
+    """The broker of a test session, in the order of this module's docstring."""
+    if os.environ.get(BOOTSTRAP_ENV):
+        yield os.environ[BOOTSTRAP_ENV]
     elif _kafka_image_here():
         container, address = _kafka_container()
         try:
@@ -114,6 +103,26 @@ def bootstrap() -> Iterator[str]:
         finally:
             if started_here:
                 local.stop()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """With workers (`-n`), one broker for all of them, chosen here in the controller before
+    they are spawned (they inherit its address) and let go when the run ends."""
+    if not getattr(config.option, "numprocesses", None) or hasattr(config, "workerinput"):
+        return
+    stack = ExitStack()
+    config.add_cleanup(stack.close)
+    # Not KAFKA_BOOTSTRAP_SERVERS: the processes tests start must not inherit it.
+    os.environ[SHARED_BOOTSTRAP_ENV] = stack.enter_context(_session_broker())
+
+
+@pytest.fixture(scope="session")
+def bootstrap() -> Iterator[str]:
+    if os.environ.get(SHARED_BOOTSTRAP_ENV):
+        yield os.environ[SHARED_BOOTSTRAP_ENV]
+    else:
+        with _session_broker() as address:
+            yield address
 
 
 @pytest.fixture
