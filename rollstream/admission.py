@@ -18,9 +18,14 @@ starts when work enters an empty pipeline, not before: time without tasks is no 
 extra window is sampled by a policy the trainer will have left behind when it gets there (the
 bridge's staleness bound drops it) and brings the rest of the tasks forward to older policies:
 the rule must fire on real stalls only.
-INIT's count of admitted tasks starts at 0 when a process starts: after a restart it may let
-up to one window more in. A task let in again because its input was redone (a transaction that
-failed, a broker restart) is counted once: each counted id is remembered for a while.
+Extra windows last until the trainer's next version: its count then says what is really in
+flight, and letting the extra windows stay would, once that count catches up on groups it had
+dropped, let all of them in at once, every one sampled by the same policy.
+INIT counts the groups in flight from what the trainer had consumed when the gate started (the
+newest committed version, read before any task is let in): a restarted INIT assumes an empty
+pipeline and may let up to one window more in. A task let in again because its input was redone
+(a transaction that failed, a broker restart) is counted once: each counted id is remembered
+for a while.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from collections import deque
 
 from confluent_kafka import KafkaException, TopicPartition
 
-from rollstream import kafka
+from rollstream import kafka, policy_versions
 from rollstream.config import Settings
 from rollstream.dedup import RecentIds
 from rollstream.policy_versions import PolicyReader
@@ -55,6 +60,9 @@ class PolicyFollower:
     def __init__(self, settings: Settings) -> None:
         self.version = -1
         self.consumed = 0
+        self.at_start = (-1, 0)  # (version, consumed) when the follower caught up
+        self.caught_up = threading.Event()
+        self._settings = settings
         self.scored_at = time.monotonic()
         self._scored = settings.topics.scored
         self._partitions: list[int] = []
@@ -67,7 +75,26 @@ class PolicyFollower:
         self._thread = threading.Thread(target=self._follow, name="policy-follower", daemon=True)
         self._thread.start()
 
+    def _catch_up(self) -> None:
+        """The newest committed version before following: where the count of groups starts."""
+        while not self._stop.is_set():
+            try:
+                newest = policy_versions.latest(self._settings, timeout_s=10)
+            except (KafkaException, TimeoutError) as exc:
+                log.warning("reading %s to its end: %s; trying again", self._settings.topics.policy,
+                            exc)
+                self._stop.wait(1.0)
+                continue
+            if newest is not None:
+                self._reader.latest = newest
+                self.version = newest["version"]
+                self.consumed = int(newest["metrics"].get(CONSUMED, 0))
+            self.at_start = (self.version, self.consumed)
+            self.caught_up.set()
+            return
+
     def _follow(self) -> None:
+        self._catch_up()
         next_check = 0.0
         while not self._stop.is_set():
             if time.monotonic() >= next_check:
@@ -109,12 +136,20 @@ class AdmissionGate:
         self._recent = RecentIds(max(16 * window, 10_000))
         self.follower = PolicyFollower(settings)
         self._bonus = 0
-        self._seen = (self.follower.version, self.follower.consumed)
+        self._seen: tuple[int, int] | None = None  # (version, consumed) once caught up
         self._last_progress = time.monotonic()
         self._intervals: deque[float] = deque(maxlen=5)
 
+    def in_flight(self) -> int:
+        """Groups let in since the gate started that the trainer has not consumed."""
+        return self.admitted - (self.follower.consumed - self.follower.at_start[1])
+
     def capacity(self) -> int:
+        if not self.follower.caught_up.is_set():
+            return 0  # what the trainer has consumed is not known yet
         seen = (self.follower.version, self.follower.consumed)
+        if self._seen is None:
+            self._seen = self.follower.at_start
         now = time.monotonic()
         # Samples still arriving: the rollouts are slow, not the trainer stalled.
         quiet_since = max(self._last_progress, self.follower.scored_at)
@@ -123,8 +158,9 @@ class AdmissionGate:
             # rollouts is not the trainer's, and would stretch every real stall.
             self._intervals.append(now - quiet_since)
             self._seen, self._last_progress = seen, now
+            self._bonus = 0
             quiet_since = now
-        room = self.window - (self.admitted - seen[1] - self._bonus)
+        room = self.window - self.in_flight() + self._bonus
         if self._intervals:
             patience = max(self.stall_s, 3 * statistics.median(self._intervals))
         else:  # no step yet: the trainer may still be starting (imports, loading a model)
@@ -132,7 +168,7 @@ class AdmissionGate:
         if room <= 0 and now - quiet_since > patience:
             log.info("no trainer progress for %.1f s and no sample scored for %.1f s with %d "
                      "groups in flight: one more window", now - self._last_progress,
-                     now - self.follower.scored_at, self.admitted - seen[1])
+                     now - self.follower.scored_at, self.in_flight())
             self._bonus += self.window
             self._last_progress = now
             room += self.window
@@ -142,7 +178,7 @@ class AdmissionGate:
         if task_id in self._recent:
             return
         self._recent.add(task_id)
-        if self.admitted <= self.follower.consumed:
+        if self.in_flight() <= 0:
             self._last_progress = time.monotonic()  # into an empty pipeline: the stall clock starts
         self.admitted += 1
 

@@ -51,10 +51,11 @@ def newer(messages: Iterable[Message], than: PolicyVersion | None = None) -> lis
     return found
 
 
-def latest(settings: Settings, tail: list[TopicPartition] | None = None) -> PolicyVersion | None:
+def latest(settings: Settings, tail: list[TopicPartition] | None = None,
+           timeout_s: float = 60.0) -> PolicyVersion | None:
     """The newest committed version on <p>.policy, reading it to its end now (from `tail`'s
     offsets when given, else from the beginning)."""
-    found = newer(kafka.read_partitions(settings, tail or partitions(settings)))
+    found = newer(kafka.read_partitions(settings, tail or partitions(settings), timeout_s))
     return found[-1] if found else None
 
 
