@@ -437,8 +437,8 @@ def test_freeing_orphaned_uids_while_sandboxes_come_and_go(tmp_path: Path) -> No
         while not stop.is_set():
             (tmp_path / "bw-churn").mkdir()
             uid = pool.claim("bw-churn")
-            pool.release(uid)
-            (tmp_path / "bw-churn").rmdir()
+            (tmp_path / "bw-churn").rmdir()  # as `remove` does: the directory, then the uid
+            pool.release(uid, "bw-churn")
 
     churner = threading.Thread(target=churn)
     churner.start()
@@ -450,6 +450,20 @@ def test_freeing_orphaned_uids_while_sandboxes_come_and_go(tmp_path: Path) -> No
         churner.join()
     links = {int(link.name): os.readlink(link) for link in pool.dir.iterdir()}
     assert links == {live: "bw-live"} and orphan not in links
+
+
+def test_a_late_release_leaves_the_next_holder_of_its_uid_alone(tmp_path: Path) -> None:
+    # A sweep frees a closing sandbox's uid between its directory's removal and its own
+    # release; a new sandbox claims that uid; the late release must not free the new claim.
+    pool = UidPool(tmp_path, first=100_000, count=1)
+    uid = pool.claim("bw-closing")
+    pool.release_orphans()  # bw-closing's directory is already gone
+    (tmp_path / "bw-new").mkdir()
+    assert pool.claim("bw-new") == uid
+    pool.release(uid, "bw-closing")
+    assert os.readlink(pool.dir / str(uid)) == "bw-new"
+    pool.release(uid, "bw-new")
+    assert not any(pool.dir.iterdir())
 
 
 def test_sweep_cli_removes_only_abandoned_sandboxes(sandbox_root: Path) -> None:

@@ -525,7 +525,7 @@ class BwrapBackend(Backend):
             cgroups.SandboxCgroup([Path(g) for g in lease.cgroups]).kill_and_remove()
         delete_tree(directory)
         if lease is not None and lease.uid is not None:
-            self.uids.release(lease.uid)
+            self.uids.release(lease.uid, sandbox_id)
 
     def reap(self, older_than_s: float | None = None, everything: bool = False) -> list[Lease]:
         reaped = super().reap(older_than_s, everything)

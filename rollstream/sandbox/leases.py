@@ -11,11 +11,14 @@ docker sandboxes carry the same fields as container labels.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import socket
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -107,11 +110,14 @@ def read_lease(directory: Path) -> Lease | None:
 class UidPool:
     """Distinct uids for concurrent sandboxes of a root owner, so one sandbox's process limit
     (counted per uid by the kernel) is not eaten by another's fork bomb. A uid is claimed by
-    creating a link named after it (atomic), pointing at the sandbox id."""
+    creating a link named after it (atomic), pointing at the sandbox id. Links are removed
+    only under a lock on the pool, after checking whom they point at: a release or a sweep
+    must never remove a link another sandbox has just made with the same uid."""
 
     def __init__(self, root: Path, first: int, count: int) -> None:
         self.dir = root / ".uids"
         self.dir.mkdir(exist_ok=True)
+        self._lock_path = root / ".uids.lock"
         self.first, self.count = first, count
 
     def claim(self, sandbox_id: str) -> int:
@@ -126,18 +132,33 @@ class UidPool:
             return uid
         raise RuntimeError(f"all {self.count} sandbox uids are in use")
 
-    def release(self, uid: int) -> None:
-        (self.dir / str(uid)).unlink(missing_ok=True)
+    def release(self, uid: int, sandbox_id: str) -> None:
+        """Free `uid` if `sandbox_id` still holds it (a sweep may have freed it already)."""
+        link = self.dir / str(uid)
+        with self._locked():
+            if _link_target(link) == sandbox_id:
+                link.unlink()
 
     def release_orphans(self) -> None:
         """Free the uids whose sandbox directory is gone (an owner that died between removing
-        the one and releasing the other). Sandboxes come and go meanwhile, in this process
-        and others: each link is checked against its directory as it is read (a sandbox
-        makes its directory before it claims a uid), and one released meanwhile is skipped."""
-        for link in self.dir.iterdir():
-            try:
-                sandbox_id = os.readlink(link)
-            except FileNotFoundError:
-                continue
-            if not (self.dir.parent / sandbox_id).exists():
-                link.unlink(missing_ok=True)
+        the one and releasing the other). A sandbox makes its directory before it claims a
+        uid, so a link whose directory is missing under the lock is an orphan."""
+        with self._locked():
+            for link in self.dir.iterdir():
+                sandbox_id = _link_target(link)
+                if sandbox_id is not None and not (self.dir.parent / sandbox_id).exists():
+                    link.unlink()
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        # flock: released by the kernel if the holder dies, so a killed owner blocks no one.
+        with open(self._lock_path, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield
+
+
+def _link_target(link: Path) -> str | None:
+    try:
+        return os.readlink(link)
+    except FileNotFoundError:
+        return None
