@@ -7,7 +7,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -71,12 +71,14 @@ def producer(settings: Settings, transactional_id: str | None = None, **extra: A
 
 
 def produce(p: Producer, topic: str, value: bytes | None, key: str | bytes | None = None,
-            partition: int | None = None) -> None:
+            partition: int | None = None,
+            on_delivery: Callable[[KafkaError | None, Message], None] | None = None) -> None:
     """Produce, waiting for room when the local queue is full (backpressure, not an error)."""
     part = -1 if partition is None else partition  # -1: let the partitioner choose
+    extra = {} if on_delivery is None else {"on_delivery": on_delivery}
     while True:
         try:
-            p.produce(topic, value, key, part, headers=headers_for(value))
+            p.produce(topic, value, key, part, headers=headers_for(value), **extra)
             return
         except BufferError:
             p.poll(0.05)

@@ -12,7 +12,7 @@ from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
 
 from rollstream import kafka
-from rollstream.codec import codec, headers_for
+from rollstream.codec import codec
 from rollstream.config import Settings
 from rollstream.graph import MIB
 from rollstream.runtime import EventContext, Output, Stage, StageRuntime
@@ -58,8 +58,8 @@ def test_unproducible_outputs_and_oversized_dead_letters_do_not_stop_the_partiti
     ]
     delivered: list[tuple[str | None, int]] = []
     for key, value in inputs:
-        producer.produce(topic, value, key, 0, headers=headers_for(value), on_delivery=lambda
-                         err, m: delivered.append((err and err.str(), m.offset())))
+        kafka.produce(producer, topic, value, key, 0, on_delivery=lambda err, m: delivered.append(
+            (err and err.str(), m.offset())))
     assert producer.flush(60) == 0
     # The offsets the dead letters are checked against, and no input lost on the way in.
     assert delivered == [(None, offset) for offset in range(len(inputs))]
