@@ -38,9 +38,10 @@ from collections import deque
 
 from confluent_kafka import KafkaException, TopicPartition
 
-from rollstream import kafka, policy_versions
+from rollstream import kafka
 from rollstream.config import Settings
 from rollstream.dedup import RecentIds
+from rollstream.events import PolicyVersion
 from rollstream.policy_versions import PolicyReader
 
 # The PolicyVersion metric in which the trainer (trainer_bridge.train_loop) reports the groups
@@ -62,7 +63,6 @@ class PolicyFollower:
         self.consumed = 0
         self.at_start = (-1, 0)  # (version, consumed) when the follower caught up
         self.caught_up = threading.Event()
-        self._settings = settings
         self.scored_at = time.monotonic()
         self._scored = settings.topics.scored
         self._partitions: list[int] = []
@@ -75,34 +75,23 @@ class PolicyFollower:
         self._thread = threading.Thread(target=self._follow, name="policy-follower", daemon=True)
         self._thread.start()
 
-    def _catch_up(self) -> None:
-        """The newest committed version before following: where the count of groups starts."""
-        while not self._stop.is_set():
-            try:
-                newest = policy_versions.latest(self._settings, timeout_s=10)
-            except (KafkaException, TimeoutError) as exc:
-                log.warning("reading %s to its end: %s; trying again", self._settings.topics.policy,
-                            exc)
-                self._stop.wait(1.0)
-                continue
-            if newest is not None:
-                self._reader.latest = newest
-                self.version = newest["version"]
-                self.consumed = int(newest["metrics"].get(CONSUMED, 0))
-            self.at_start = (self.version, self.consumed)
-            self.caught_up.set()
-            return
-
     def _follow(self) -> None:
-        self._catch_up()
+        # First to the end of <p>.policy: the count of groups in flight starts from there.
+        while not self._stop.is_set() and not self._reader.at_end:
+            self._take(self._reader.poll(0.2))
+        self.at_start = (self.version, self.consumed)
+        self.caught_up.set()
         next_check = 0.0
         while not self._stop.is_set():
             if time.monotonic() >= next_check:
                 self._check_scored()
                 next_check = time.monotonic() + SCORED_CHECK_S
-            for event in self._reader.poll(0.2):
-                self.version = event["version"]
-                self.consumed = int(event["metrics"].get(CONSUMED, self.consumed))
+            self._take(self._reader.poll(0.2))
+
+    def _take(self, events: list[PolicyVersion]) -> None:
+        for event in events:
+            self.version = event["version"]
+            self.consumed = int(event["metrics"].get(CONSUMED, self.consumed))
 
     def _check_scored(self) -> None:
         try:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from confluent_kafka import OFFSET_BEGINNING, Message, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, Message, TopicPartition
 
 from rollstream import kafka
 from rollstream.codec import DecodeError, codec
@@ -51,24 +51,36 @@ def newer(messages: Iterable[Message], than: PolicyVersion | None = None) -> lis
     return found
 
 
-def latest(settings: Settings, tail: list[TopicPartition] | None = None,
-           timeout_s: float = 60.0) -> PolicyVersion | None:
+def latest(settings: Settings, tail: list[TopicPartition] | None = None) -> PolicyVersion | None:
     """The newest committed version on <p>.policy, reading it to its end now (from `tail`'s
     offsets when given, else from the beginning)."""
-    found = newer(kafka.read_partitions(settings, tail or partitions(settings), timeout_s))
+    found = newer(kafka.read_partitions(settings, tail or partitions(settings)))
     return found[-1] if found else None
 
 
 class PolicyReader:
-    """Follows <p>.policy as it grows: `poll` takes what has arrived and keeps the newest."""
+    """Follows <p>.policy as it grows: `poll` takes what has arrived and keeps the newest;
+    `at_end` says when every partition has been read to its end once (from then on `latest`
+    is at least the newest version there was when the reader started)."""
 
     def __init__(self, settings: Settings) -> None:
         self.latest: PolicyVersion | None = None
-        self._consumer = kafka.reader(settings, partitions(settings))
+        start = partitions(settings)
+        self._not_at_end = {tp.partition for tp in start}
+        self._consumer = kafka.reader(settings, start, **{"enable.partition.eof": True})
+
+    @property
+    def at_end(self) -> bool:
+        return not self._not_at_end
 
     def poll(self, timeout_s: float = 0.0) -> list[PolicyVersion]:
         """The versions newer than any seen before, in order (empty when none arrived)."""
-        found = newer(self._consumer.consume(100, timeout=timeout_s), self.latest)
+        messages = self._consumer.consume(100, timeout=timeout_s)
+        for msg in messages:
+            error = msg.error()
+            if error is not None and error.code() == KafkaError._PARTITION_EOF:
+                self._not_at_end.discard(msg.partition())
+        found = newer(messages, self.latest)
         if found:
             self.latest = found[-1]
         return found
