@@ -20,7 +20,7 @@ from tests.scored_factory import scored, turn
 
 @pytest.mark.slow
 def test_the_demo_loop_learns(settings: Settings, tmp_path: Path) -> None:
-    loop = ClosedLoop(settings, tmp_path, LoopConfig(tasks=450, seed=3))
+    loop = ClosedLoop(settings, tmp_path, LoopConfig(seed=3))
     loop.start()
     try:
         tasks = loop.tasks()
