@@ -34,7 +34,9 @@ from rollstream.kafka import (
     produce,
     producer,
     read_partitions,
+    retrying,
     transaction,
+    watermarks,
 )
 
 # read_partitions' deadline for reaching the end of every partition: generous, since a replay may
@@ -130,20 +132,24 @@ def _ranges(
 ) -> dict[int, tuple[int, int | None]]:
     """Per partition (start offset, exclusive end offset or None for the current end)."""
 
-    def at_times(ms: int | None) -> dict[int, int | None]:
-        if ms is None:
-            return dict.fromkeys(partitions)
+    def lookup(ms: int) -> list[TopicPartition]:
         found = c.offsets_for_times([TopicPartition(topic, p, ms) for p in partitions], 30)
         for tp in found:
             if tp.error is not None:
                 raise KafkaException(tp.error)
+        return found
+
+    def at_times(ms: int | None) -> dict[int, int | None]:
+        if ms is None:
+            return dict.fromkeys(partitions)
+        found = retrying(lambda: lookup(ms))
         # -1: no event at or after that time, i.e. the partition's end.
         return {tp.partition: tp.offset if tp.offset >= 0 else None for tp in found}
 
     start_at, end_at = at_times(times[0]), at_times(times[1])
     result: dict[int, tuple[int, int | None]] = {}
     for p in partitions:
-        low, high = c.get_watermark_offsets(TopicPartition(topic, p), timeout=30)
+        low, high = watermarks(c, TopicPartition(topic, p), timeout_s=30)
         starts = [low] + [o for o in (offsets[0], start_at[p]) if o is not None]
         if times[0] is not None and start_at[p] is None:
             starts.append(high)  # nothing that recent here

@@ -9,7 +9,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
@@ -17,6 +17,7 @@ from rollstream.codec import headers_for
 from rollstream.config import Settings
 
 log = logging.getLogger("rollstream.kafka")
+T = TypeVar("T")
 
 
 def process_id(settings: Settings, role: str) -> str:
@@ -139,3 +140,36 @@ def read_partitions(settings: Settings, partitions: list[TopicPartition],
                     log.info("reading %s: %s", msg.topic(), err)
     finally:
         c.close()
+
+
+# What a lookup answers while a leader or coordinator moves, or a broker still loads. The client
+# raises these with the `retriable` flag unset, so the codes are listed.
+TRANSIENT = frozenset({
+    KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError.FENCED_LEADER_EPOCH, KafkaError.UNKNOWN_LEADER_EPOCH,
+    KafkaError.OFFSET_NOT_AVAILABLE, KafkaError.NOT_COORDINATOR,
+    KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError.COORDINATOR_NOT_AVAILABLE,
+    KafkaError.REQUEST_TIMED_OUT, KafkaError._TIMED_OUT, KafkaError._TRANSPORT,
+    KafkaError._ALL_BROKERS_DOWN,
+})
+
+
+def retrying(call: Callable[[], T], timeout_s: float = 30.0) -> T:
+    """`call()`, made again while it raises a transient KafkaException, until `timeout_s` has
+    passed; then its last error is raised."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return call()
+        except KafkaException as exc:
+            err: KafkaError = exc.args[0]
+            if not (err.retriable() or err.code() in TRANSIENT) or time.monotonic() > deadline:
+                raise
+            log.info("retrying after %s", err)
+        time.sleep(0.5)
+
+
+def watermarks(c: Consumer, tp: TopicPartition, timeout_s: float = 10.0) -> tuple[int, int]:
+    """A partition's (low, high) offsets as its leader has them now, asked again while the leader
+    moves."""
+    return retrying(lambda: c.get_watermark_offsets(tp, timeout=timeout_s, cached=False))

@@ -17,7 +17,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from rollstream import kafka, policy_versions
@@ -25,8 +25,6 @@ from rollstream.config import Settings
 from rollstream.graph import BRIDGE, STAGES, input_of
 
 EXACT_LAG_LIMIT = 20_000
-_COORDINATOR_NOT_READY = (KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
-                          KafkaError.COORDINATOR_NOT_AVAILABLE)
 # (stage, consumer group suffix, input topic attribute of Topics), from the topic graph
 STAGE_GROUPS = tuple(("train" if g == BRIDGE else g, g, input_of(g).attr)
                      for g in (*STAGES, BRIDGE))
@@ -71,17 +69,8 @@ class Inspector:
                   timeout_s: float = 30.0) -> list[TopicPartition]:
         """The group's committed offsets; retried while the coordinator is not ready yet (a
         fresh broker answers NOT_COORDINATOR or loading for a few seconds)."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                return self._group_probe(group).committed(
-                    [TopicPartition(topic, p) for p in parts], timeout=timeout_s)
-            except KafkaException as exc:
-                err: KafkaError = exc.args[0]
-                if (err.code() not in _COORDINATOR_NOT_READY and not err.retriable()
-                        or time.monotonic() > deadline):
-                    raise
-                time.sleep(0.5)
+        return kafka.retrying(lambda: self._group_probe(group).committed(
+            [TopicPartition(topic, p) for p in parts], timeout=timeout_s), timeout_s)
 
     def partitions(self, topic: str) -> list[int]:
         meta = self.probe.list_topics(topic, timeout=10).topics.get(topic)
@@ -91,8 +80,7 @@ class Inspector:
 
     def pending(self, topic: str, starts: dict[int, int]) -> tuple[int, bool]:
         """Committed records at or past `starts` (partition -> offset): (count, exact)."""
-        ends = {p: self.probe.get_watermark_offsets(TopicPartition(topic, p), timeout=10,
-                                                    cached=False) for p in starts}
+        ends = {p: kafka.watermarks(self.probe, TopicPartition(topic, p)) for p in starts}
         begin = {p: max(starts[p], ends[p][0]) for p in starts}
         upper = {p: max(0, ends[p][1] - begin[p]) for p in starts}
         if sum(upper.values()) > EXACT_LAG_LIMIT:
@@ -128,8 +116,7 @@ class Inspector:
         topic = self.settings.topics.policy
         if not self.partitions(topic):
             return None
-        low, high = self.probe.get_watermark_offsets(TopicPartition(topic, 0), timeout=10,
-                                                     cached=False)
+        low, high = kafka.watermarks(self.probe, TopicPartition(topic, 0))
         # Each version is one record and one transaction marker: the newest is in the last few.
         tail = [TopicPartition(topic, 0, max(low, high - 10))]
         newest = policy_versions.latest(self.settings, tail)

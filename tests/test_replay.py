@@ -5,9 +5,10 @@ from __future__ import annotations
 import io
 import json
 import time
+from collections.abc import Callable
 
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource
 
 from producers.publish import validate_task
@@ -15,7 +16,7 @@ from producers.replay import replay
 from rollstream.cli import main
 from rollstream.codec import codec, pack_ids, pack_logprobs
 from rollstream.config import Settings
-from rollstream.kafka import process_id, producer, read_partitions
+from rollstream.kafka import process_id, producer, read_partitions, retrying
 from rollstream.topics import MAX_MESSAGE_BYTES
 
 PARTITIONS = 4  # the `topics` fixture's
@@ -211,6 +212,38 @@ def test_time_bounds(settings: Settings) -> None:
     # Time and offset bounds together: the narrower one wins.
     assert _keys(_json(settings, topic, start_time_ms=stamps[1], end_offset=2)) == ["e#1"]
 
+
+def _raising(exc: Exception) -> Callable[[], None]:
+    def call() -> None:
+        raise exc
+    return call
+
+
+def test_lookups_are_made_again_while_a_leader_moves() -> None:
+    # What `offsets_for_times` raised in a CI run when the broker was busy: the client sets no
+    # retriable flag on it, so the code itself must be known as transient.
+    answers: list[Exception | str] = [
+        KafkaException(KafkaError(KafkaError.NOT_LEADER_FOR_PARTITION)),
+        KafkaException(KafkaError(KafkaError.LEADER_NOT_AVAILABLE)), "offsets"]
+
+    def lookup() -> str:
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    assert retrying(lookup) == "offsets" and answers == []
+    # Not transient: raised at once.
+    denied = KafkaException(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED))
+    with pytest.raises(KafkaException) as raised:
+        retrying(_raising(denied))
+    assert raised.value is denied
+    # Transient for longer than the caller allows: the last error, after about the deadline.
+    start = time.monotonic()
+    with pytest.raises(KafkaException, match="NOT_LEADER"):
+        retrying(_raising(KafkaException(KafkaError(KafkaError.NOT_LEADER_FOR_PARTITION))),
+                 timeout_s=1.0)
+    assert time.monotonic() - start >= 1.0
 
 def test_cli_replay_resolves_topic_suffix(
     settings: Settings, scored: dict[str, bytes], capsys: pytest.CaptureFixture[str]

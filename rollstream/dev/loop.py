@@ -164,8 +164,9 @@ class ClosedLoop:
             source = input_of(stage)
             parts = [TopicPartition(source.name(topics), p)
                      for p in range(partition_count(source, self.settings.partitions))]
-            committed = probe.committed(parts, timeout=5)
-            ends = [probe.get_watermark_offsets(tp, timeout=5, cached=False)[1] for tp in parts]
+            committed = kafka.retrying(lambda probe=probe, parts=parts: probe.committed(
+                parts, timeout=5))
+            ends = [kafka.watermarks(probe, tp, timeout_s=5)[1] for tp in parts]
             # Transaction markers take offsets too: a small overcount while work flows.
             lag[stage] = sum(max(end - max(tp.offset, 0), 0)
                              for tp, end in zip(committed, ends, strict=True))
