@@ -58,10 +58,10 @@ class SeenIds:
 
     def restore(self, partitions: list[int], attempts: int = 5,
                 attempt_s: float = 60.0) -> None:
-        """Read the markers of newly assigned partitions (committed ones only: the read ends
-        at the last stable offset, so a killed writer's open transaction does not hold it
-        up). A read that does not reach the end in `attempt_s` (a broker still recovering
-        after a restart, under load) is tried again, not fatal to the stage."""
+        """Read the markers of newly assigned partitions (committed ones only; a transaction
+        still open when the read starts is waited for a short while, not for a killed writer's
+        whole transaction timeout). A read that does not reach the end in `attempt_s` (a broker
+        still recovering after a restart, under load) is tried again, not fatal to the stage."""
         tps = [TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in partitions]
         for attempt in range(1, attempts + 1):
             for p in partitions:

@@ -115,14 +115,27 @@ def reader(settings: Settings, partitions: list[TopicPartition], **extra: Any) -
     return c
 
 
+# How long a read waits, once it has what is readable, for records below the end it set out to
+# reach: a commit returns before its markers are on every partition (milliseconds), and a live
+# writer's open transaction commits within its commit interval. A killed writer's transaction is
+# not waited for (it is aborted after transaction.timeout.ms).
+SETTLE_S = 2.0
+
+
 def read_partitions(settings: Settings, partitions: list[TopicPartition],
-                    timeout_s: float = 60.0) -> Iterator[Message]:
-    """Read the given partitions from their offsets to their current end, committed data only."""
+                    timeout_s: float = 60.0, settle_s: float = SETTLE_S) -> Iterator[Message]:
+    """Read the given partitions from their offsets to their end, committed data only.
+
+    The end is each partition's high watermark when the call starts. A read_committed reader
+    stops earlier, at the last stable offset, while a transaction there is unresolved: the read
+    goes on for up to `settle_s` for it to resolve, then ends where it is."""
     if not partitions:
         return
+    ends = _high_watermarks(settings, partitions)
     c = reader(settings, partitions, **{"enable.partition.eof": True})
     try:
         remaining = {(tp.topic, tp.partition) for tp in partitions}
+        stopped: dict[tuple[str, int], float] = {}  # when each partition had nothing more to read
         deadline = time.monotonic() + timeout_s
         while remaining:
             if time.monotonic() > deadline:
@@ -132,14 +145,35 @@ def read_partitions(settings: Settings, partitions: list[TopicPartition],
                 if err is None:
                     yield msg
                 elif err.code() == KafkaError._PARTITION_EOF:
-                    remaining.discard((msg.topic(), msg.partition()))
+                    stopped.setdefault((msg.topic(), msg.partition()), time.monotonic())
                 elif err.fatal() or err.code() in (KafkaError._UNKNOWN_TOPIC,
                                                    KafkaError._UNKNOWN_PARTITION):
                     raise KafkaException(err)
                 else:  # a broker restarting or a leader moving: the client retries
                     log.info("reading %s: %s", msg.topic(), err)
+            for key in [k for k in remaining if k in stopped]:
+                end = ends[key]
+                if (end is None or c.position([TopicPartition(*key)])[0].offset >= end
+                        or time.monotonic() - stopped[key] > settle_s):
+                    remaining.discard(key)
     finally:
         c.close()
+
+
+def _high_watermarks(settings: Settings,
+                     partitions: list[TopicPartition]) -> dict[tuple[str, int], int | None]:
+    """Each partition's end counting unresolved transactions; None when the read starts at or
+    past it (nothing to wait for)."""
+    probe = Consumer({**settings.kafka(), "group.id": f"rollstream-probe-{uuid.uuid4().hex[:8]}",
+                      "isolation.level": "read_uncommitted"})
+    try:
+        ends = {}
+        for tp in partitions:
+            low, high = watermarks(probe, TopicPartition(tp.topic, tp.partition))
+            ends[(tp.topic, tp.partition)] = high if high > max(low, tp.offset) else None
+        return ends
+    finally:
+        probe.close()
 
 
 # What a lookup answers while a leader or coordinator moves, or a broker still loads. The client
