@@ -112,8 +112,7 @@ def classify(err: KafkaError) -> str:
         return "rebuild"
     if err.txn_requires_abort():
         return "abort"
-    if err.retriable() or err.code() in (KafkaError._TIMED_OUT, KafkaError._TRANSPORT,
-                                         KafkaError._ALL_BROKERS_DOWN):
+    if err.retriable() or err.code() in kafka.TRANSIENT:
         return "retry"
     return "rebuild"  # unknown: a clean producer is the one safe way on
 
