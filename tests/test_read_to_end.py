@@ -47,4 +47,4 @@ def test_a_transaction_that_stays_open_holds_a_read_up_for_the_settle_time_only(
         assert time.monotonic() - start >= 1.0
     finally:
         writer.abort_transaction(30)
-    assert _keys(settings) == []  # aborted: never read, and nothing to wait for
+    assert _keys(settings) == []  # aborted: never read
