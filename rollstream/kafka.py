@@ -11,7 +11,15 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
 
 from rollstream.codec import headers_for
 from rollstream.config import Settings
@@ -96,6 +104,17 @@ def transaction(p: Producer, commit_timeout_s: float = 60) -> Iterator[Producer]
     except BaseException:
         p.abort_transaction(30)
         raise
+
+
+def start_at_committed(c: Consumer, committed: list[TopicPartition]) -> None:
+    """In an on_assign callback: fetch the assigned partitions from the committed offsets the
+    caller has already read (the earliest where none is), instead of letting the client ask for
+    them once more. When that second ask meets a coordinator that has just moved (a request-level
+    NOT_COORDINATOR), the client never starts fetching the partition (librdkafka issue 5586):
+    a chaos run's RUN sat idle on four partitions after a broker was killed."""
+    c.incremental_assign([TopicPartition(tp.topic, tp.partition,
+                                         tp.offset if tp.offset >= 0 else OFFSET_BEGINNING)
+                          for tp in committed])
 
 
 def reader(settings: Settings, partitions: list[TopicPartition], **extra: Any) -> Consumer:

@@ -613,7 +613,7 @@ class StageRuntime:
             return
         log.info("stage %s: assigned %s", self.stage.name, [tp.partition for tp in partitions])
         self.metrics.rebalanced("assigned")
-        self._restore(consumer, partitions)
+        kafka.start_at_committed(consumer, self._restore(consumer, partitions))
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         parts = {tp.partition for tp in partitions}

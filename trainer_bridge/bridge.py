@@ -112,6 +112,7 @@ class TrainerBridge:
         for tp in committed:
             skip = decode_done(tp.offset, tp.metadata) if tp.offset >= 0 else set()
             self.progress[tp.partition] = PartitionProgress(tp.offset, skip)
+        kafka.start_at_committed(consumer, committed)
 
     def _on_revoke(self, consumer: Any, partitions: list[TopicPartition]) -> None:
         # Unacknowledged samples of revoked partitions will be redelivered to their next owner.
