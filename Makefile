@@ -4,15 +4,27 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv deps harness-deps swebench-deps test demo bench lint broker-start broker-stop broker-status images
+.PHONY: venv test-venv broker-jars deps harness-deps swebench-deps test demo bench lint broker-start broker-stop broker-status images
 
-venv: $(STAMP)
+# Two stamps: the demo needs only the package and its own dependencies; tests, lint and
+# benchmarks add the test extras. Reinstall only when pyproject.toml changes (pip's cache
+# serves torch and friends).
+CORE_STAMP := $(VENV)/.installed-core
+venv: $(CORE_STAMP)
+test-venv: $(STAMP)
 
-# Reinstall only when pyproject.toml changes (pip's cache serves torch and friends).
-$(STAMP): pyproject.toml
+$(CORE_STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q -e .
+	touch $@
+
+$(STAMP): $(CORE_STAMP)
 	$(BIN)/pip install -q -e '.[test]'
 	touch $@
+
+# The bundled broker's jars (Maven's cache serves them again); a no-op once they are there.
+broker-jars: venv
+	$(BIN)/rollstream broker fetch
 
 # $(call apt_tool,COMMAND,PACKAGE,WHY): install Debian's PACKAGE when COMMAND is missing (as root;
 # as another user, say so), never failing the build over it.
@@ -29,9 +41,8 @@ endef
 
 # Machine-level tools: bubblewrap (sandboxes without Docker), the Kafka broker's jars (Maven), and
 # a Docker engine with the local base image for Docker sandboxes (scripts/docker-engine.sh).
-deps: venv
+deps: test-venv broker-jars
 	@$(call apt_tool,bwrap,bubblewrap,sandboxed tools need it)
-	$(BIN)/rollstream broker fetch
 	@$(call apt_tool,prometheus,prometheus,the real-Prometheus test skips)
 	./scripts/docker-engine.sh
 	@$(call apt_tool,docker-compose,docker-compose,the compose test skips)
@@ -68,21 +79,23 @@ images: deps
 # so two of them overlap well on two cores. TEST_WORKERS=0 runs the suite in one process.
 TEST_WORKERS ?= 2
 
-test: venv deps images
+test: test-venv deps images
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
-demo: venv deps
+# The demo installs only what it uses, the package and the broker's jars: no sandboxes, no
+# Docker engine, no harnesses.
+demo: venv broker-jars
 	$(BIN)/rollstream demo
 
-bench: venv deps
+bench: test-venv deps
 	$(BIN)/python -m benchmarks
 
-lint: venv
+lint: test-venv
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports --no-logo
 	$(BIN)/rollstream schemas check
 
-broker-start: venv deps
+broker-start: broker-jars
 	$(BIN)/rollstream broker start
 
 broker-stop: venv

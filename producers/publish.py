@@ -208,7 +208,7 @@ def publish(settings: Settings, tasks: list[dict[str, Any]]) -> int:
     values = [
         codec().encode(TASK, {**t, "created_at_ms": t["created_at_ms"] or now_ms}) for t in tasks
     ]
-    p = producer(settings, process_id(settings, "publish"))
+    p = producer(settings, process_id(settings, settings.topics.group("publish")))
     # The topic must exist, or the send would only fail at commit, after a delivery timeout.
     # Listing all topics, not this one, so a broker with auto-create on does not create it.
     found = p.list_topics(timeout=10).topics.get(topic)

@@ -266,7 +266,7 @@ def replay(
     Undecodable events are skipped and counted on stderr.
     """
     filters = parse_where(where)
-    c = consumer(settings, process_id(settings, "replay"))
+    c = consumer(settings, process_id(settings, settings.topics.group("replay")))
     try:
         meta = c.list_topics(timeout=30).topics
         topic = resolve_topic(settings, topic, meta)
@@ -290,7 +290,7 @@ def replay(
         same_partitions = _ensure_topic(settings, topic, to_topic) == len(partitions)
         p = producer(
             settings,
-            process_id(settings, "replay"),
+            process_id(settings, settings.topics.group("replay")),
             **{"transaction.timeout.ms": TRANSACTION_TIMEOUT_MS},
         )
         p.init_transactions(30)

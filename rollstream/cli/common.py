@@ -9,16 +9,39 @@ import contextlib
 import logging
 import signal
 from collections.abc import Callable, Coroutine
+from dataclasses import replace
 from typing import Any
 
 from rollstream import config, metrics
-from rollstream.broker import with_broker
 from rollstream.config import Settings
+from rollstream.kafka_errors import EX_CONFIG, KafkaProblem, check_broker
+
+NO_BROKER = ("no Kafka broker is configured: name one with --bootstrap-servers HOST:PORT, "
+             "KAFKA_BOOTSTRAP_SERVERS, or bootstrap.servers in a client properties file "
+             "(--kafka-config FILE, ROLLSTREAM_KAFKA_CONFIG); `--bootstrap-servers local` "
+             "starts the bundled broker")
 
 
-def settings(args: argparse.Namespace) -> Settings:
-    """The command's settings, resolved as `config.load` does, with a broker to talk to."""
-    return with_broker(config.load(args))
+def broker_settings(args: argparse.Namespace) -> Settings:
+    """The command's settings with a broker named: `local` starts the bundled one (a broker is
+    never started unasked: a mistyped variable must not give an empty private one)."""
+    from rollstream.broker import local
+
+    resolved = config.load(args)
+    if not resolved.bootstrap_servers:
+        raise KafkaProblem(NO_BROKER, EX_CONFIG)
+    if resolved.bootstrap_servers == "local":
+        resolved = replace(resolved, bootstrap_servers=local.start())
+    return resolved
+
+
+def settings(args: argparse.Namespace, *topics: str) -> Settings:
+    """A one-shot command's settings, once the broker answered within --timeout with these
+    credentials (and shows the named topics, suffixes of the prefix's graph)."""
+    resolved = broker_settings(args)
+    names = tuple(getattr(resolved.topics, t.replace("-", "_")) for t in topics)
+    check_broker(resolved.kafka(), resolved.timeout_s, names)
+    return resolved
 
 
 def log_to_stderr() -> None:
@@ -29,7 +52,7 @@ def log_to_stderr() -> None:
 def start_service(args: argparse.Namespace) -> Settings:
     """A long-running process's start: logs to stderr, its settings, /metrics when asked."""
     log_to_stderr()
-    resolved = settings(args)
+    resolved = broker_settings(args)
     metrics.serve(resolved.metrics_port)
     return resolved
 

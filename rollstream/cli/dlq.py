@@ -38,7 +38,7 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     again.add_argument("--all", action="store_true", help="every dead letter not yet redriven")
     again.add_argument("--dry-run", action="store_true", help="list what would be sent")
     for p in (listing, show, again):
-        config.add_arguments(p)
+        config.add_arguments(p, "kafka", "command")
     parser.set_defaults(func=run)
 
 

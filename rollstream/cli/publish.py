@@ -90,7 +90,7 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
         "an unknown format is an error that lists the known ones",
     )
     p.add_argument("--dry-run", action="store_true", help="validate only; send nothing")
-    config.add_arguments(p)
+    config.add_arguments(p, "kafka", "command", "bounds")
     p.set_defaults(func=run_publish)
 
     r = sub.add_parser(
@@ -152,5 +152,5 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
         "--json", action="store_true", help="print one JSON object per line (the default)"
     )
     r.add_argument("--limit", type=int, metavar="N", help="stop after N replayed events")
-    config.add_arguments(r)
+    config.add_arguments(r, "kafka", "command")
     r.set_defaults(func=run_replay)

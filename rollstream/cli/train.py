@@ -26,7 +26,7 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--group", default=None,
                         help="consumer group (default <prefix>.printer; never the trainer's "
                              "<prefix>.bridge, or the two would split <prefix>.scored)")
-    config.add_arguments(parser)
+    config.add_arguments(parser, "kafka")
     parser.set_defaults(func=run_bridge)
 
     train = sub.add_parser(
@@ -58,7 +58,7 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     train.add_argument("--max-steps", type=int, default=None)
     train.add_argument("--idle-timeout", type=float, default=None,
                        help="stop after this many seconds without new events")
-    config.add_arguments(train)
+    config.add_arguments(train, "kafka", "service")
     train.set_defaults(func=run_train)
 
 
