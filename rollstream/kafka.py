@@ -23,6 +23,7 @@ from confluent_kafka import (
 
 from rollstream.codec import headers_for
 from rollstream.config import Settings
+from rollstream.kafka_errors import ErrorWatch
 
 log = logging.getLogger("rollstream.kafka")
 T = TypeVar("T")
@@ -37,9 +38,16 @@ def process_id(settings: Settings, role: str) -> str:
     return f"{role}.{socket.gethostname()}.{os.getpid()}.{uuid.uuid4().hex[:6]}"
 
 
+def _watch(settings: Settings) -> ErrorWatch:
+    """The default error_cb: an unreachable broker is logged every few seconds, a refused
+    login stops the process (AccessDenied)."""
+    return ErrorWatch(settings.bootstrap_servers, stop_on_denied=True)
+
+
 def consumer(settings: Settings, group: str, **extra: Any) -> Consumer:
     conf: dict[str, Any] = {
         **settings.kafka(),
+        "error_cb": _watch(settings),
         "group.id": group,
         "isolation.level": "read_committed",
         "enable.auto.commit": False,
@@ -62,6 +70,7 @@ def consumer(settings: Settings, group: str, **extra: Any) -> Consumer:
 def producer(settings: Settings, transactional_id: str | None = None, **extra: Any) -> Producer:
     conf: dict[str, Any] = {
         **settings.kafka(),
+        "error_cb": _watch(settings),
         "linger.ms": 5,
         # Room for bursts (a stage emits between commits); memory is still capped by
         # queue.buffering.max.kbytes.

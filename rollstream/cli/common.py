@@ -14,7 +14,13 @@ from typing import Any
 
 from rollstream import config, metrics
 from rollstream.config import Settings
-from rollstream.kafka_errors import EX_CONFIG, KafkaProblem, check_broker
+from rollstream.kafka_errors import (
+    EX_CONFIG,
+    EX_NOPERM,
+    AccessDenied,
+    KafkaProblem,
+    check_broker,
+)
 
 NO_BROKER = ("no Kafka broker is configured: name one with --bootstrap-servers HOST:PORT, "
              "KAFKA_BOOTSTRAP_SERVERS, or bootstrap.servers in a client properties file "
@@ -50,11 +56,25 @@ def log_to_stderr() -> None:
 
 
 def start_service(args: argparse.Namespace) -> Settings:
-    """A long-running process's start: logs to stderr, its settings, /metrics when asked."""
+    """A long-running process's start: logs to stderr, its settings, /metrics when asked, and
+    the broker reached: an unreachable one is waited for (logged every few seconds), refused
+    credentials or TLS trust stop the process (AccessDenied, exit 77)."""
     log_to_stderr()
     resolved = broker_settings(args)
     metrics.serve(resolved.metrics_port)
+    wait_for_broker(resolved)
     return resolved
+
+
+def wait_for_broker(settings: Settings, every_s: float = 5.0) -> None:
+    while True:
+        try:
+            check_broker(settings.kafka(), every_s)
+            return
+        except KafkaProblem as exc:
+            if exc.exit_code == EX_NOPERM:
+                raise AccessDenied(str(exc)) from None
+            logging.getLogger("rollstream").warning("%s; retrying", exc)
 
 
 def run_async(main: Coroutine[Any, Any, None], on_signal: Callable[[], None] | None = None

@@ -43,7 +43,7 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    settings = common.settings(args)
+    settings = common.settings(args, "dlq")
     if args.action == "list":
         rows = summary(list(dead_letters(settings)), redriven(settings))
         if args.json:

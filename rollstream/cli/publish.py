@@ -36,7 +36,7 @@ def run_publish(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(f"{len(tasks)} tasks valid in {args.file} (dry run: nothing sent)")
         return 0
-    settings = common.settings(args)
+    settings = common.settings(args, "tasks")
     sent = publish(settings, tasks)
     print(f"sent {sent} tasks to {settings.topics.tasks}")
     return 0
@@ -44,10 +44,13 @@ def run_publish(args: argparse.Namespace) -> int:
 
 def run_replay(args: argparse.Namespace) -> int:
     from producers.replay import replay
+    from rollstream.graph import GRAPH
 
+    # A topic of the graph named by its suffix is checked by name: a refusal then names it.
+    suffix = [args.topic] if args.topic in {spec.suffix for spec in GRAPH} else []
     try:
         count = replay(
-            common.settings(args),
+            common.settings(args, *suffix),
             args.topic,
             start_offset=args.from_offset,
             end_offset=args.to_offset,
