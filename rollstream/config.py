@@ -20,9 +20,12 @@ import tomllib
 from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rollstream.graph import Topics
+
+if TYPE_CHECKING:
+    from rollstream.sandbox.settings import SandboxSettings
 
 # Components, in the order `--help` shows them: name -> title.
 GROUPS: dict[str, str] = {
@@ -92,6 +95,16 @@ class Settings:
     chat_template_kwargs: str = _setting(
         "", "inference", 'JSON object passed to the chat template, e.g. '
         '\'{"enable_thinking": false}\'')
+    sandbox: str = _setting("auto", "sandbox", "sandbox backend: auto (bwrap for tasks "
+                            "without an image, docker for those with one), bwrap or docker")
+    sandbox_image: str = _setting(
+        "", "sandbox", "docker image for tasks that name none (default: the local base image "
+        "`make deps` builds)")
+    sandbox_root: str = _setting(
+        "", "sandbox", "folder bwrap sandboxes live in (default: a per-user temp folder)")
+    sandbox_uids: str = _setting(
+        "", "sandbox", "FIRST-LAST: uids for the sandboxes of a root owner, one each "
+        "(default 1000000-1065535)")
     # Bounds at the door (rollstream.bounds): checked by `publish`, INIT and RUN.
     max_group_size: int = _setting(1024, "bounds", "largest group_size a task may ask for")
     max_turns_per_episode: int = _setting(256, "bounds", "largest max_turns a task may ask for")
@@ -123,6 +136,12 @@ class Settings:
     def kafka(self) -> dict[str, Any]:
         """Base librdkafka configuration: the client properties and the broker address."""
         return {**self.kafka_properties, "bootstrap.servers": self.bootstrap_servers}
+
+    def sandbox_settings(self) -> SandboxSettings:
+        from rollstream.sandbox.settings import SandboxSettings
+
+        return SandboxSettings(self.sandbox, self.sandbox_image, self.sandbox_root,
+                               self.sandbox_uids)
 
     def client_flags(self) -> list[str]:
         """The flags that give a child process this process's broker and client properties."""

@@ -130,6 +130,8 @@ def test_pipeline_runs_as_a_least_privilege_principal(secured: tuple[str, Materi
         delete_topics(material.admin_conf(bootstrap), prefix)
     leaked = [text for text in outputs if password in text or material.admin_password() in text]
     assert not leaked, "a password was printed"
+    # The stages do print their client properties, with the secret replaced.
+    assert any("'sasl.password': '[redacted]'" in text for text in outputs)
 
 
 def json_lines(text: str) -> list[dict]:

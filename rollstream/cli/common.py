@@ -59,8 +59,14 @@ def start_service(args: argparse.Namespace) -> Settings:
     """A long-running process's start: logs to stderr, its settings, /metrics when asked, and
     the broker reached: an unreachable one is waited for (logged every few seconds), refused
     credentials or TLS trust stop the process (AccessDenied, exit 77)."""
+    from rollstream.sandbox.settings import configure
+
     log_to_stderr()
     resolved = broker_settings(args)
+    configure(resolved.sandbox_settings())
+    logging.getLogger("rollstream").info(
+        "Kafka at %s, prefix %s, client properties %s", resolved.bootstrap_servers,
+        resolved.prefix, config.redacted(resolved.kafka_properties) or "(none)")
     metrics.serve(resolved.metrics_port)
     wait_for_broker(resolved)
     return resolved

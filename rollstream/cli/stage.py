@@ -10,8 +10,8 @@ from rollstream.cli import common
 # Each stage, what it does, and the settings it takes (besides Kafka's and the process's own).
 STAGES = {
     "init": ("expand tasks into their group of episodes", ("admission", "dedup", "bounds")),
-    "run": ("play episodes against the inference server(s)", ("inference", "bounds")),
-    "eval": ("score finished trajectories", ("dedup",)),
+    "run": ("play episodes against the inference server(s)", ("inference", "sandbox", "bounds")),
+    "eval": ("score finished trajectories", ("dedup", "sandbox")),
 }
 
 
