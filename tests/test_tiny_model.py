@@ -42,6 +42,9 @@ def test_transformers_loads_a_qwen2_with_its_tokenizer_and_chat_template(
     assert ours.first_prompt(messages[0]["content"]) == tokenizer.encode(
         text, add_special_tokens=False)
     assert ours.stop_token_ids == [tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    for text in ["What is 12 + 7? 19", "def f(x):\n    return x * 3\n", "Caf\u00e9 Cafe\u0301",
+                 "  spaces\t\n\nand 中文 🙂 λ!", "it's DONE, you'll see"]:
+        assert ours.encode(text) == tokenizer.encode(text, add_special_tokens=False), text
 
 
 def test_the_two_weight_sets_are_two_policies(built: tiny_model.TinyModel) -> None:
