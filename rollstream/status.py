@@ -130,26 +130,42 @@ class Inspector:
         from rollstream.inference.client import parse_load
 
         rows = []
-        for url in self.settings.policy_urls():
+        for url in self.server_urls():
             health, _ = _get(f"{url}/health")
             code, text = _get(f"{url}/metrics") if health == 200 else (0, "")
             rows.append({"url": url, "healthy": health == 200,
                          "load": parse_load(text) if code == 200 else {}})
         return rows
 
-    def in_flight(self) -> dict[str, float]:
-        """Events in flight per stage, summed over the /metrics pages given."""
+    def server_urls(self) -> list[str]:
+        """The servers RUN's routers report on the /metrics pages given (the ones RUN uses),
+        then those the settings name; the built-in default URL only when nothing names one."""
+        routed = [s.labels["server"] for family in self._families()
+                  if family.name == "rollstream_router_server_healthy" for s in family.samples]
+        named = self.settings.policy_urls()
+        if routed and not self.settings.policy_url_file and (
+                self.settings.policy_url == Settings().policy_url):
+            named = []  # the default, which nobody named
+        return list(dict.fromkeys([*routed, *named]))
+
+    def _families(self) -> list[Any]:
+        """The metric families of every /metrics page given that answers."""
         from prometheus_client.parser import text_string_to_metric_families
 
-        totals: dict[str, float] = {}
+        families: list[Any] = []
         for url in self.metrics_urls:
             code, text = _get(url)
-            if code != 200:
-                continue
-            for family in text_string_to_metric_families(text):
-                if family.name == "rollstream_in_flight_events":
-                    for s in family.samples:
-                        totals[s.labels["stage"]] = totals.get(s.labels["stage"], 0) + s.value
+            if code == 200:
+                families += text_string_to_metric_families(text)
+        return families
+
+    def in_flight(self) -> dict[str, float]:
+        """Events in flight per stage, summed over the /metrics pages given."""
+        totals: dict[str, float] = {}
+        for family in self._families():
+            if family.name == "rollstream_in_flight_events":
+                for s in family.samples:
+                    totals[s.labels["stage"]] = totals.get(s.labels["stage"], 0) + s.value
         return totals
 
     def snapshot(self) -> dict[str, Any]:

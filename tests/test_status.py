@@ -69,6 +69,8 @@ def test_status_shows_every_stage_drained_and_metrics_match(settings: Settings,
             assert time.monotonic() < deadline, f"the pipeline did not drain: {snap}"
             time.sleep(1)
         samples = {name: scrape(p) for name, p in ports.items()}
+        # Not told the servers: it probes the ones RUN reports using, not its own default.
+        unnamed = status(settings, *metrics_urls)["servers"]
     finally:
         procs.stop_all()
 
@@ -82,6 +84,7 @@ def test_status_shows_every_stage_drained_and_metrics_match(settings: Settings,
         assert "rate" in s
     assert snap["dlq"]["count"] == 0
     assert snap["servers"] == [{"url": url, "healthy": True, "load": snap["servers"][0]["load"]}]
+    assert [(s["url"], s["healthy"]) for s in unnamed] == [(url, True)]
 
     scored = list(kafka.read_partitions(
         settings, [TopicPartition(settings.topics.scored, p, 0) for p in range(4)]))

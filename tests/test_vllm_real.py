@@ -11,6 +11,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import itertools
+import json
+import time
+import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -19,7 +22,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from producers.publish import publish
 from rollstream.codec import unpack_ids, unpack_logprobs
+from rollstream.config import Settings
+from rollstream.dev.loop import ClosedLoop, LoopConfig
 from rollstream.inference.client import InferenceClient
 from rollstream.inference.controller import apply_policy, current_version
 from rollstream.wire import lora_name
@@ -228,3 +234,32 @@ def test_two_jobs_adapters_on_one_server_each_answer_their_own_requests(
                           prompt, 10, stop)
         assert own != other  # an answer from the other job's adapter would show
         assert ids == own, name
+
+
+def test_closed_loop_trains_the_tiny_model_and_every_version_is_served(
+        real_vllm: RealVllm, settings: Settings, tmp_path: Path) -> None:
+    # Version 0 is the model the trainer starts from: the server serves it, labelled 0.
+    [reset] = asyncio.run(apply_policy(event(0, real_vllm.model.weights[0]), [real_vllm.url]))
+    assert reset.ok, reset.detail
+    loop = ClosedLoop(settings, tmp_path, LoopConfig(
+        tasks=60, group_size=4, groups_per_batch=2, admission_window=4, max_staleness=2,
+        hf_model=real_vllm.model.model))
+    try:
+        loop.start(policy_url=real_vllm.url)
+        publish(settings, loop.tasks())
+        for progress in loop.follow(deadline=time.time() + 400):
+            stamped = {s["trajectory"]["turns"][0]["policy_version"] for s in progress.scored
+                       if s["trajectory"]["turns"]}
+            if len(progress.versions) >= 3 and len(stamped - {0}) >= 2:
+                break
+    finally:
+        loop.stop()
+    published = [v["version"] for v in progress.versions]
+    assert published[:3] == [1, 2, 3]
+    assert all(Path(v["uri"], "model.safetensors").is_file() for v in progress.versions)
+    turns = [t for s in progress.scored for t in s["trajectory"]["turns"]]
+    assert {t["policy_version"] for t in turns} <= {0, *published}
+    assert [s for s in progress.scored if s["trajectory"]["termination"] == "INFRA_ERROR"] == []
+    with urllib.request.urlopen(real_vllm.url + "/weight_info") as response:
+        label = json.loads(response.read())["weight_version"]
+    assert int(label) in published  # the controller's last update

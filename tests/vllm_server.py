@@ -17,7 +17,6 @@ import json
 import os
 import platform
 import signal
-import socket
 import subprocess
 import time
 import urllib.request
@@ -25,19 +24,17 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from rollstream.dev import tiny_model
+from rollstream.dev import tiny_model, vllm_launch
+from rollstream.dev.processes import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
-VENV = ROOT / ".rollstream" / "vllm-venv"
+VENV = vllm_launch.venv(ROOT)
 MODEL_DIR = ROOT / ".rollstream" / "tiny-model"
 SHARED_DIR_ENV = "ROLLSTREAM_TEST_VLLM_DIR"  # the controller's directory for the shared server
 URL_ENV = "ROLLSTREAM_TEST_VLLM_URL"  # a running server of the tiny model to use instead
-START_TIMEOUT_S = 180.0  # to /health on a busy 2-core machine (28-125 s measured)
-SERVER_ARGS = [
-    "--dtype", "float32", "--max-model-len", "1024", "--enforce-eager",
-    "--distributed-executor-backend", "uni", "--seed", "0",
-    "--enable-lora", "--max-loras", "3", "--max-lora-rank", str(tiny_model.LORA_RANK),
-]
+# To /health on a busy 2-core machine (28-125 s measured; minutes more where several
+# developers share it: ROLLSTREAM_TEST_VLLM_START_S).
+START_TIMEOUT_S = float(os.environ.get("ROLLSTREAM_TEST_VLLM_START_S", "180"))
 
 
 def impossible() -> str | None:
@@ -66,26 +63,17 @@ def _healthy(url: str) -> bool:
         return False
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _start(directory: Path, model: tiny_model.TinyModel) -> tuple[int, str]:
     """Start the server detached (its own session) and wait for /health; (pid, url)."""
     if not (VENV / ".installed").is_file():
         raise RuntimeError(f"vLLM's CPU build is not installed in {VENV}: run `make vllm-deps`")
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = directory / "vllm.log"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    argv, env = vllm_launch.serve_command(ROOT, model.model, port)
     with log.open("ab") as out:
-        process = subprocess.Popen(
-            [str(VENV / "bin" / "python"), "-m", "rollstream.dev.vllm_launch", "serve",
-             str(model.model), "--host", "127.0.0.1", "--port", str(port), *SERVER_ARGS],
-            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True)
+        process = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                   stdin=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + START_TIMEOUT_S
     while not _healthy(url):
         if process.poll() is not None or time.monotonic() > deadline:

@@ -589,6 +589,8 @@ def resolve_bootstrap(configured: str = "") -> str:
     lets the flag win over ``KAFKA_BOOTSTRAP_SERVERS``) if non-empty; else
     ``KAFKA_BOOTSTRAP_SERVERS`` if set; else the bundled broker, started if it is not running yet.
     """
+    if configured.strip() == "local":  # asked for by name
+        return start()
     if configured.strip():
         return configured.strip()
     env = os.environ.get(BOOTSTRAP_ENV, "").strip()

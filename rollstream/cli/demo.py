@@ -18,11 +18,15 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
                         help="copy_letter tasks to publish")
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--timeout", type=float, default=280.0,
-                        help="stop the loop after this many seconds")
+    parser.add_argument("--timeout", type=float, default=None,
+                        help="stop the loop after this many seconds (default 280; 900 with "
+                             "--vllm, whose server alone takes minutes to start on two cores)")
     parser.add_argument("--out", type=Path, default=None,
                         help="folder for the plot, logs and checkpoints "
                              "(default: .rollstream/demo/<run>)")
+    parser.add_argument("--vllm", action="store_true",
+                        help="serve a tiny local Hugging Face model with vLLM's CPU build "
+                             "(`make vllm-deps`) instead of the embedded policy")
     parser.add_argument("--keep-topics", action="store_true",
                         help="keep this run's topics (to replay them) instead of deleting them")
     config.add_arguments(parser, "kafka")

@@ -1,4 +1,5 @@
 """`rollstream demo`: the whole RL loop on the embedded defaults, live, then a summary and a plot.
+With --vllm, on vLLM's CPU build serving a tiny local Hugging Face model instead (docs/vllm.md).
 
 Starts (or reuses) the broker, creates a fresh set of topics for this run, starts the embedded
 policy server, the inference controller, INIT, RUN, EVAL and the trainer as separate processes,
@@ -34,7 +35,7 @@ def run_demo(args: argparse.Namespace) -> int:
     console = Console()
     run_id = uuid.uuid4().hex[:6]
     settings = config.load(args)
-    started_broker = not settings.bootstrap_servers and not local.is_running()
+    started_broker = settings.bootstrap_servers in ("", "local") and not local.is_running()
     prefix = settings.prefix if args.prefix else f"demo-{run_id}"
     settings = dataclasses.replace(
         settings, prefix=prefix, partitions=4,
@@ -42,8 +43,17 @@ def run_demo(args: argparse.Namespace) -> int:
     out = args.out or local.home() / "demo" / prefix
     console.print(f"broker {settings.bootstrap_servers}, topics {prefix}.*, files in {out}")
     create_topics(settings.kafka(), prefix, settings.partitions)
+    timeout = args.timeout if args.timeout is not None else (900.0 if args.vllm else 280.0)
+    hf_model = None
+    if args.vllm:  # the tiny model, made once and reused (rollstream.dev.tiny_model)
+        from rollstream.dev import tiny_model
+
+        hf_model = tiny_model.build(local.home() / "tiny-model", seed=args.seed).model
+    # On vLLM: small batches and a short window, so versions are trained and served while
+    # episodes still run (a CPU server samples a few episodes a second).
+    small = {"groups_per_batch": 2, "admission_window": 4, "max_staleness": 2} if args.vllm else {}
     loop = ClosedLoop(settings, out, LoopConfig(tasks=args.tasks, group_size=args.group_size,
-                                                seed=args.seed))
+                                                seed=args.seed, hf_model=hf_model, **small))
     t0 = time.time()
     try:
         loop.start()
@@ -51,7 +61,7 @@ def run_demo(args: argparse.Namespace) -> int:
         publish(settings, tasks)
         expected = len(tasks) * args.group_size
         with Live(console=console, refresh_per_second=4) as live:
-            for progress in loop.follow(deadline=t0 + args.timeout):
+            for progress in loop.follow(deadline=t0 + timeout):
                 live.update(_live_table(progress, len(tasks), expected, loop, time.time() - t0))
                 if len(progress.scored) >= expected:
                     break
@@ -62,7 +72,7 @@ def run_demo(args: argparse.Namespace) -> int:
         _summary(console, loop.progress, expected, elapsed, plot)
         return 0
     except TimeoutError:
-        console.print(f"[red]the loop did not finish within {args.timeout:.0f}s; logs in "
+        console.print(f"[red]the loop did not finish within {timeout:.0f}s; logs in "
                       f"{out / 'logs'}[/red]")
         return 1
     finally:

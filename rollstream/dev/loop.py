@@ -9,6 +9,7 @@ yet know which answer is right, it scores about 1/8 before training.
 from __future__ import annotations
 
 import statistics
+import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -66,6 +67,11 @@ class LoopConfig:
     # is about 0.01 and such a collapse is rarer (and learning no slower).
     lr: float = 5e-3
     seed: int = 0
+    # A Hugging Face model directory (rollstream.dev.tiny_model) served by vLLM's CPU build
+    # instead of the embedded policy: RUN renders its chat template and the trainer trains it
+    # (`--hf-model`). Its random weights score about 0 on copy_letter, so zero-variance groups
+    # are trained too: the loop's versions are what it shows, not learning.
+    hf_model: Path | None = None
 
 
 @dataclass
@@ -97,26 +103,46 @@ class ClosedLoop:
         self._consumers: list[Consumer] = []
         self._probes: dict[str, Consumer] = {}
 
-    def start(self) -> None:
+    def start(self, policy_url: str | None = None) -> None:
+        """Start the loop's processes; `policy_url`: a running server of `config.hf_model` to
+        use instead of starting one."""
         self.checkpoints.mkdir(parents=True, exist_ok=True)
-        base = self.checkpoints / "policy-v0.safetensors"
-        write_base_policy(base, seed=self.config.seed)
+        model = self.config.hf_model
         port = free_port()
-        url = f"http://127.0.0.1:{port}"
+        url = policy_url or f"http://127.0.0.1:{port}"
         common = self.settings.client_flags()
-        server = self.procs.start("policy", "serve-policy", "--port", str(port),
-                                  "--checkpoint", str(base), "--seed", str(self.config.seed))
+        if model is None:
+            base = self.checkpoints / "policy-v0.safetensors"
+            write_base_policy(base, seed=self.config.seed)
+            server = self.procs.start("policy", "serve-policy", "--port", str(port),
+                                      "--checkpoint", str(base), "--seed", str(self.config.seed))
+            run_args, train_args = [], ["--init-checkpoint", str(base)]
+        else:
+            server = None if policy_url else self._start_vllm(model, port)
+            run_args = ["--tokenizer-path", str(model)]
+            train_args = ["--hf-model", str(model), "--keep-zero-variance"]
         self.procs.start("controller", "controller", *common, "--policy-url", url)
         self.procs.start("init", "stage", "init", *common,
                          "--admission-window", str(self.config.admission_window))
-        self.procs.start("run", "stage", "run", *common, "--policy-url", url)
+        self.procs.start("run", "stage", "run", *common, "--policy-url", url, *run_args)
         self.procs.start("eval", "stage", "eval", *common)
         self.procs.start("train", "train", *common, "--checkpoint-dir", str(self.checkpoints),
-                         "--init-checkpoint", str(base),
+                         *train_args,
                          "--groups-per-batch", str(self.config.groups_per_batch),
                          "--max-staleness", str(self.config.max_staleness),
                          "--lr", str(self.config.lr))
-        wait_http(f"{url}/health", proc=server, timeout=120)
+        if server is not None:  # vLLM's CPU build takes up to minutes on a busy machine
+            wait_http(f"{url}/health", proc=server, timeout=120 if model is None else 300)
+
+    def _start_vllm(self, model: Path, port: int) -> subprocess.Popen:
+        from rollstream.broker.local import project_root
+        from rollstream.dev import vllm_launch
+
+        root = project_root()
+        if not (vllm_launch.venv(root) / ".installed").is_file():
+            raise RuntimeError("vLLM's CPU build is not installed: run `make vllm-deps`")
+        argv, env = vllm_launch.serve_command(root, model, port)
+        return self.procs.start_program("policy", argv, env)
 
     def tasks(self) -> list[dict]:
         from producers.publish import validate_task

@@ -26,10 +26,14 @@ class ProcessGroup:
         self.procs: dict[str, subprocess.Popen] = {}
 
     def start(self, name: str, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+        return self.start_program(name, [sys.executable, "-m", "rollstream.cli", *args], env)
+
+    def start_program(self, name: str, argv: list[str],
+                      env: dict[str, str] | None = None) -> subprocess.Popen:
+        """Any program (e.g. vLLM in its own virtualenv), logged and stopped like the rest."""
         log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - owned by the process
         proc = subprocess.Popen(
-            [sys.executable, "-m", "rollstream.cli", *args],
-            stdout=log, stderr=subprocess.STDOUT,
+            argv, stdout=log, stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
         )
         log.close()

@@ -38,6 +38,28 @@ ENVIRONMENT = {
     "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
 }
 
+# The server settings that work on a CPU (with --enable-lora for jobs' adapters and versions
+# applied as adapters); rank 8 is the tiny model's adapters' (rollstream.dev.tiny_model).
+SERVE_ARGS = (
+    "--dtype", "float32", "--max-model-len", "1024", "--enforce-eager",
+    "--distributed-executor-backend", "uni", "--seed", "0",
+    "--enable-lora", "--max-loras", "3", "--max-lora-rank", "8",
+)
+
+
+def venv(root: Path) -> Path:
+    """Where `make vllm-deps` installs vLLM's CPU build in the checkout at `root`."""
+    return root / ".rollstream" / "vllm-venv"
+
+
+def serve_command(root: Path, model: Path, port: int) -> tuple[list[str], dict[str, str]]:
+    """The command and environment that serve `model` on 127.0.0.1:`port` through this
+    launcher, run by the virtualenv of the checkout at `root`."""
+    argv = [str(venv(root) / "bin" / "python"), "-m", "rollstream.dev.vllm_launch", "serve",
+            str(model), "--host", "127.0.0.1", "--port", str(port), *SERVE_ARGS]
+    return argv, {**os.environ, "PYTHONPATH": str(root)}
+
+
 _installed_version = importlib.metadata.version
 
 

@@ -8,11 +8,12 @@
   drains its running batch on the old weights before it swaps.
 - full weights, vLLM (VLLM_SERVER_DEV_MODE=1), by what the server is (`GET /version`,
   `GET /weight_info`):
-  - vLLM 0.33+: `/pause?mode=keep` (requests queue rather than fail) →
-    `/collective_rpc reload_weights {weights_path}` → `/reset_prefix_cache` →
-    `/update_weight_version {new_version: "N"}` → `/resume`. Responses then carry native
-    `choices[].weight_versions`; no middleware is needed (and none would be right with several
-    API-server processes).
+  - vLLM 0.32+ (the weight label routes exist): `/pause?mode=keep` (requests queue rather
+    than fail) → `/collective_rpc reload_weights {weights_path}` → `/reset_prefix_cache` →
+    `/update_weight_version {new_version: "N"}` → `/resume`. From 0.33 responses carry native
+    `choices[].weight_versions`; on 0.32 RUN's router reads `/weight_info` around each request
+    instead (the label is set only inside the pause, after the reload: see routing). No
+    middleware is needed (and none would be right with several API-server processes).
   - vLLM 0.12: its `reload_weights()` takes no arguments and re-reads the path the server was
     started from, so full reloads work in place only: the trainer writes each checkpoint to
     that path and publishes it as the event's `uri`; any other `uri` is refused before anything
@@ -153,12 +154,12 @@ class VllmServer:
 
     @property
     def reloads_from_path(self) -> bool:
-        """`reload_weights(weights_path=...)`: vLLM 0.33 has it; in 0.12 the worker's
-        `reload_weights()` takes no arguments and re-reads the launch path."""
+        """`reload_weights(weights_path=...)`: vLLM 0.32 (tested for real) and 0.33 have it; in
+        0.12 the worker's `reload_weights()` takes no arguments and re-reads the launch path."""
         return self.version >= RELOAD_PATH_SINCE or self.native_versions
 
 
-RELOAD_PATH_SINCE = (0, 33)
+RELOAD_PATH_SINCE = (0, 32)
 
 
 def parse_version(text: str) -> tuple[int, ...]:
@@ -192,10 +193,11 @@ async def _reload_vllm(session: aiohttp.ClientSession, url: str, version: int, u
 
 async def _reload_native(session: aiohttp.ClientSession, url: str, version: int,
                          uri: str) -> str:
-    """vLLM 0.33: `mode=keep` queues new requests instead of answering 503 (`wait` and
-    `abort` reject them until /resume), and the engine labels the tokens each weight version
-    sampled (`choices[].weight_versions`). The label is set only after a complete reload, so
-    a failed one leaves the old label, which still names the weights in use."""
+    """vLLM 0.32 and 0.33: `mode=keep` queues new requests instead of answering 503 (`wait`
+    and `abort` reject them until /resume); 0.33's engine labels the tokens each weight version
+    sampled (`choices[].weight_versions`), 0.32's label is read by RUN around each request.
+    The label is set only after a complete reload and before /resume, so a failed one leaves
+    the old label, which still names the weights in use."""
     steps: list[str] = []
     await _call(session, "POST", url, "/pause", params={"mode": "keep"})
     steps.append("pause keep")
