@@ -1,7 +1,8 @@
 """One exactly-once checkpoint: outputs and input offsets committed in one Kafka transaction.
 
-The stage runtime (rollstream/runtime.py) and the trainer bridge (trainer_bridge/bridge.py) both
-commit through `Checkpoint`. What it guarantees, and what each kind of Kafka error does:
+The consume loop (rollstream/consume/loop.py), which the stage runtime and the trainer bridge
+both run on, commits through `Checkpoint`. What it guarantees, and what each kind of Kafka
+error does:
 
 - Records produced through `produce` and the input offsets given to `commit` become visible to
   read_committed readers together or not at all (KIP-98 transactions; with the consumer's group
@@ -25,7 +26,7 @@ commit through `Checkpoint`. What it guarantees, and what each kind of Kafka err
   abandoned (with its producer) when it has not returned after HUNG_S or by the caller's
   deadline, so a stop request is honoured by its deadline even when the client does not
   return.
-- While a call is out, the caller's `serve` runs every quarter second: the stage runtime
+- While a call is out, the caller's `serve` runs every quarter second: the consume loop
   serves its consumer there, so a rebalance meanwhile is answered (the whole group waits on a
   member that does not) and partitions lost to the session timeout (a group coordinator
   unreachable longer than that) are handed back and rejoined at once, not after the call.

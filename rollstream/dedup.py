@@ -6,8 +6,9 @@ Kafka's transactions make each *event* count once; this makes each *id* count on
 - the stage writes a marker `<stage>/<id>` to the compacted `<prefix>.seen` topic in the same
   transaction as its outputs, on the partition its input came from, so the marker is committed
   exactly when the outputs are (a crash loses both or neither);
-- when it is assigned a partition it reads that partition of `seen` back, so the memory
-  survives restarts and moves to whichever process takes the partition over;
+- when it is assigned a partition it reads that partition of `seen` back (in the stage's main
+  loop while that partition stays paused), so the memory survives restarts and moves to
+  whichever process takes the partition over;
 - memory is bounded: the latest `dedup_window` ids per partition are kept (oldest forgotten
   first), and the topic forgets markers after its retention (7 days, as the inputs).
 
@@ -17,6 +18,7 @@ key events by id with the same partitioner (every Rollstream producer does).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import OrderedDict
 
@@ -56,26 +58,37 @@ class SeenIds:
         self.window = settings.dedup_window
         self._seen: dict[int, RecentIds] = {}
 
-    def restore(self, partitions: list[int], attempts: int = 5,
-                attempt_s: float = 60.0) -> None:
-        """Read the markers of newly assigned partitions (committed ones only; a transaction
+    def read(self, partitions: list[int], attempts: int = 5,
+             attempt_s: float = 60.0) -> dict[int, RecentIds]:
+        """The markers of the given partitions, read back (committed ones only; a transaction
         still open when the read starts is waited for a short while, not for a killed writer's
         whole transaction timeout). A read that does not reach the end in `attempt_s` (a broker
-        still recovering after a restart, under load) is tried again, not fatal to the stage."""
+        still recovering after a restart, under load) is tried again, not fatal to the stage.
+        Blocking, and touches no state: run it in a thread (see `load`)."""
         tps = [TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in partitions]
-        for attempt in range(1, attempts + 1):
-            for p in partitions:
-                self._seen[p] = RecentIds(self.window)
+        for attempt in range(1, attempts):
             try:
-                for msg in kafka.read_partitions(self.settings, tps, attempt_s):
-                    key = msg.key().decode()
-                    if key.startswith(self.prefix):
-                        self._remember(msg.partition(), key[len(self.prefix):])
-                return
+                return self._read(tps, attempt_s)
             except TimeoutError as exc:
-                if attempt == attempts:
-                    raise
                 log.warning("restoring handled ids, attempt %d of %d: %s", attempt, attempts, exc)
+        return self._read(tps, attempt_s)
+
+    def _read(self, tps: list[TopicPartition], timeout_s: float) -> dict[int, RecentIds]:
+        seen = {tp.partition: RecentIds(self.window) for tp in tps}
+        for msg in kafka.read_partitions(self.settings, tps, timeout_s):
+            key = msg.key().decode()
+            if key.startswith(self.prefix):
+                seen[msg.partition()].add(key[len(self.prefix):])
+        return seen
+
+    def restore(self, partitions: list[int], attempts: int = 5,
+                attempt_s: float = 60.0) -> None:
+        """Read the markers of newly assigned partitions back, blocking (see `read`)."""
+        self._seen.update(self.read(partitions, attempts, attempt_s))
+
+    async def load(self, partitions: list[int]) -> None:
+        """`restore` for a stage's main loop: the read runs in a thread, the others go on."""
+        self._seen.update(await asyncio.to_thread(self.read, partitions))
 
     def forget(self, partitions: list[int]) -> None:
         for p in partitions:
@@ -88,12 +101,9 @@ class SeenIds:
         if event_id in seen:
             log.info("%s%s: already handled, duplicate skipped", self.prefix, event_id)
             return False
-        self._remember(partition, event_id)
+        seen.add(event_id)
         return True
 
     def marker(self, partition: int, event_id: str) -> Output:
         """The output that records `event_id` as handled; emit it with the event's outputs."""
         return Output(self.topic, f"{self.prefix}{event_id}", None, b"", partition=partition)
-
-    def _remember(self, partition: int, event_id: str) -> None:
-        self._seen[partition].add(event_id)

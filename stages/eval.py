@@ -29,8 +29,8 @@ class EvalStage(Stage):
     def input_topic(self) -> str:
         return self.topics.trajectories
 
-    def on_assign(self, partitions: list[int]) -> None:
-        self.seen.restore(partitions)
+    async def restore(self, partitions: list[int]) -> None:
+        await self.seen.load(partitions)
 
     def on_revoke(self, partitions: list[int]) -> None:
         self.seen.forget(partitions)

@@ -35,8 +35,8 @@ class InitStage(Stage):
     def capacity(self) -> int | None:
         return None if self.gate is None else self.gate.capacity()
 
-    def on_assign(self, partitions: list[int]) -> None:
-        self.seen.restore(partitions)
+    async def restore(self, partitions: list[int]) -> None:
+        await self.seen.load(partitions)
 
     def on_revoke(self, partitions: list[int]) -> None:
         self.seen.forget(partitions)

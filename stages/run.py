@@ -157,17 +157,22 @@ class RunStage(Stage):
 
     # -- checkpoints -------------------------------------------------------------------------
 
-    def on_assign(self, partitions: list[int]) -> None:
+    async def restore(self, partitions: list[int]) -> None:
+        # Read in a thread: the episodes of the other partitions go on meanwhile.
+        self.checkpoints.update(await asyncio.to_thread(self._read_checkpoints, partitions))
+
+    def _read_checkpoints(self, partitions: list[int]) -> dict[int, dict[str, dict]]:
+        """The unfinished episodes' checkpoints on these partitions of <p>.episode-state."""
         tps = [TopicPartition(self.topics.episode_state, p, OFFSET_BEGINNING) for p in partitions]
-        for p in partitions:
-            self.checkpoints[p] = {}
+        checkpoints: dict[int, dict[str, dict]] = {p: {} for p in partitions}
         c = codec()
         for msg in kafka.read_partitions(self.settings, tps):
             episode = msg.key().decode()
             if msg.value() is None:
-                self.checkpoints[msg.partition()].pop(episode, None)
+                checkpoints[msg.partition()].pop(episode, None)
             else:
-                self.checkpoints[msg.partition()][episode] = c.decode_as(TRAJECTORY, msg.value())
+                checkpoints[msg.partition()][episode] = c.decode_as(TRAJECTORY, msg.value())
+        return checkpoints
 
     def on_revoke(self, partitions: list[int]) -> None:
         for p in partitions:
