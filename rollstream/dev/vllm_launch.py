@@ -52,11 +52,12 @@ def venv(root: Path) -> Path:
     return root / ".rollstream" / "vllm-venv"
 
 
-def serve_command(root: Path, model: Path, port: int) -> tuple[list[str], dict[str, str]]:
+def serve_command(root: Path, model: Path, port: int,
+                  *extra: str) -> tuple[list[str], dict[str, str]]:
     """The command and environment that serve `model` on 127.0.0.1:`port` through this
-    launcher, run by the virtualenv of the checkout at `root`."""
+    launcher, run by the virtualenv of the checkout at `root`; `extra`: more vLLM arguments."""
     argv = [str(venv(root) / "bin" / "python"), "-m", "rollstream.dev.vllm_launch", "serve",
-            str(model), "--host", "127.0.0.1", "--port", str(port), *SERVE_ARGS]
+            str(model), "--host", "127.0.0.1", "--port", str(port), *SERVE_ARGS, *extra]
     return argv, {**os.environ, "PYTHONPATH": str(root)}
 
 
