@@ -17,6 +17,12 @@ Utilization: the fraction of time a server had `max_num_seqs` requests decoding 
 the GPU doing all it can), averaged over servers. For rollstream it is measured while episodes
 were still waiting to start (a stream's steady state; the drain at the end is reported apart);
 every sync batch is alike, so its whole run is its steady state.
+
+Real vLLM beside it (when `make vllm-deps` has installed vLLM's CPU build): the same two designs
+against one real server (the tiny local model, rollstream.dev.tiny_model, `--max-num-seqs`
+REAL_MAX_NUM_SEQS) on this machine's CPUs. Its utilization is the fraction of /metrics polls
+(every POLL_S) at which `vllm:num_requests_running` was REAL_MAX_NUM_SEQS. Completions run to
+max_tokens or the model's own end token, so their lengths are the model's, the same for both.
 """
 
 from __future__ import annotations
@@ -25,6 +31,8 @@ import asyncio
 import random
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 from unittest import mock
 
@@ -47,6 +55,9 @@ TOOL_S = (0.1, 0.5)
 TURNS = 4
 IN_FLIGHT = 192
 TARGET_UTILIZATION = 0.9
+REAL_MAX_NUM_SEQS = 16  # two CPU cores
+REAL_IN_FLIGHT = 2 * REAL_MAX_NUM_SEQS
+POLL_S = 0.1
 
 
 def completion_length(prompt_ids: list[int], seed: int) -> int:
@@ -111,13 +122,50 @@ class Utilization:
         return sum(busy) / len(busy) / elapsed
 
 
-async def run_rollstream(fleet: Fleet, work: list[dict]) -> dict[str, Any]:
-    settings = Settings(policy_url=",".join(fleet.urls), health_interval_s=0.5,
-                        server_max_in_flight=IN_FLIGHT)
+class PolledUtilization:
+    """Full-batch time of real servers: the share of /metrics polls between `start()` and
+    `stop()` at which every server had REAL_MAX_NUM_SEQS requests running."""
+
+    samples: list[tuple[float, bool]] = []
+
+    def start(self) -> None:
+        self._t0 = time.perf_counter()
+
+    def stop(self) -> float:
+        window = [full for t, full in self.samples if t >= self._t0]
+        return sum(window) / len(window) if window else 0.0
+
+    @classmethod
+    async def poll(cls, clients: list[InferenceClient]) -> None:
+        while True:
+            loads = await asyncio.gather(*(c.load() for c in clients))
+            cls.samples.append((time.perf_counter(), all(
+                load.get("running", 0) >= REAL_MAX_NUM_SEQS for load in loads)))
+            await asyncio.sleep(POLL_S)
+
+
+@dataclass
+class Target:
+    """The servers a design runs against, and how it reads their utilization."""
+
+    urls: list[str]
+    utilization: Callable[[], Any]
+    batch_size: int  # the synchronous loop's batch
+    in_flight: int  # RUN's episodes in flight
+    tokenizer_path: str = ""  # a real model's: RUN renders its template
+    stop_ids: tuple[int, ...] = (0,)
+    # The synchronous loop's first prompt (RUN renders its own template's).
+    first_prompt: Callable[[str], list[int]] = lambda text: [ord(c) for c in text]
+
+
+async def run_rollstream(target: Target, work: list[dict]) -> dict[str, Any]:
+    settings = Settings(policy_url=",".join(target.urls), health_interval_s=0.5,
+                        server_max_in_flight=target.in_flight, request_timeout_s=600.0,
+                        tokenizer_path=target.tokenizer_path)
     stage = RunStage(settings)
     await stage.start()
-    limit = asyncio.Semaphore(IN_FLIGHT)
-    steady, whole = Utilization(fleet), Utilization(fleet)
+    limit = asyncio.Semaphore(target.in_flight)
+    steady, whole = target.utilization(), target.utilization()
     admitted = 0
     steady_value: float | None = None
 
@@ -125,7 +173,7 @@ async def run_rollstream(fleet: Fleet, work: list[dict]) -> dict[str, Any]:
         nonlocal admitted, steady_value
         async with limit:
             admitted += 1
-            if admitted == IN_FLIGHT:
+            if admitted == target.in_flight:
                 steady.start()  # the servers have all the work a stream would give them
             if admitted == len(work):
                 steady_value = steady.stop()
@@ -145,22 +193,22 @@ async def run_rollstream(fleet: Fleet, work: list[dict]) -> dict[str, Any]:
     return result
 
 
-async def run_sync(fleet: Fleet, work: list[dict]) -> dict[str, Any]:
-    clients = [InferenceClient(url, timeout_s=600) for url in fleet.urls]
+async def run_sync(target: Target, work: list[dict]) -> dict[str, Any]:
+    clients = [InferenceClient(url, timeout_s=600) for url in target.urls]
     env = ToolCalls()
-    batch_size = SERVERS * MAX_NUM_SEQS
-    util = Utilization(fleet)
+    batch_size = target.batch_size
+    util = target.utilization()
     util.start()
     started = time.perf_counter()
     for at in range(0, len(work), batch_size):
         batch = work[at:at + batch_size]
-        contexts = [[ord(c) for c in e["task"]["prompt"]] for e in batch]
+        contexts = [target.first_prompt(e["task"]["prompt"]) for e in batch]
         states = [await env.reset(e["task"]) for e in batch]
         for turn in range(TURNS):
             done = await asyncio.gather(*(
-                clients[i % SERVERS].complete(ctx, {**e["task"]["sampling"],
-                                                    "seed": e["task"]["sampling"]["seed"] + turn},
-                                              [0])
+                clients[i % len(clients)].complete(
+                    ctx, {**e["task"]["sampling"], "seed": e["task"]["sampling"]["seed"] + turn},
+                    target.stop_ids)
                 for i, (e, ctx) in enumerate(zip(batch, contexts, strict=True))))
             steps = await asyncio.gather(*(
                 env.step(e["task"], s, c.text) for e, s, c in zip(batch, states, done,
@@ -183,7 +231,47 @@ def measure(design: str, n: int) -> dict[str, Any]:
                for _ in range(SERVERS)]
     with Fleet(servers) as fleet:
         runner = run_rollstream if design == "rollstream" else run_sync
-        return asyncio.run(runner(fleet, episodes(n)))
+        target = Target(fleet.urls, lambda: Utilization(fleet), SERVERS * MAX_NUM_SEQS,
+                        IN_FLIGHT)
+        return asyncio.run(runner(target, episodes(n)))
+
+
+def measure_real(n: int) -> dict[str, Any] | str:
+    """Both designs on one real vLLM server, or why it cannot run here."""
+    from rollstream.broker.local import project_root
+    from rollstream.dev import tiny_model, vllm_launch
+    from rollstream.dev.processes import ProcessGroup, free_port, wait_http
+    from rollstream.inference.hf_template import HFChatTemplate
+
+    root = project_root()
+    if not (vllm_launch.venv(root) / ".installed").is_file():
+        return "vLLM's CPU build is not installed (`make vllm-deps`)"
+    model = tiny_model.build(root / ".rollstream" / "tiny-model").model
+    port = free_port()
+    procs = ProcessGroup(root / ".rollstream" / "bench-logs")
+    argv, env = vllm_launch.serve_command(root, model, port, "--max-num-seqs",
+                                          str(REAL_MAX_NUM_SEQS))
+    server = procs.start_program("vllm", argv, env)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_http(url + "/health", timeout=300, proc=server)
+        template = HFChatTemplate(model)
+        target = Target([url], PolledUtilization, REAL_MAX_NUM_SEQS, REAL_IN_FLIGHT,
+                        str(model), tuple(template.stop_token_ids), template.first_prompt)
+
+        async def both() -> dict[str, Any]:
+            clients = [InferenceClient(url)]
+            poller = asyncio.create_task(PolledUtilization.poll(clients))
+            try:
+                return {"rollstream": await run_rollstream(target, episodes(n)),
+                        "sync": await run_sync(target, episodes(n))}
+            finally:
+                poller.cancel()
+                await clients[0].close()
+
+        return asyncio.run(both())
+    finally:
+        procs.stop_all()
 
 
 def run(quick: bool = False) -> dict[str, Any]:
@@ -191,6 +279,7 @@ def run(quick: bool = False) -> dict[str, Any]:
     # The benchmark's environment, visible to RunStage's registry lookup for this run only.
     with mock.patch.dict(registry._environments(), {ToolCalls.name: ToolCalls}):
         results = {design: measure(design, n) for design in ("rollstream", "sync")}
+        real = measure_real(32 if quick else 96)
     ours, sync = results["rollstream"], results["sync"]
     ratio = round(ours["episodes_per_s"] / sync["episodes_per_s"], 3)
     met = ours["utilization"] >= TARGET_UTILIZATION
@@ -199,6 +288,13 @@ def run(quick: bool = False) -> dict[str, Any]:
                 [[d, r["episodes_per_s"], r["utilization"], r["elapsed_s"]]
                  for d, r in results.items()])
     print(f"   rollstream / sync episode throughput: {ratio}x")
+    if isinstance(real, str):
+        print(f"   real vLLM: skipped, {real}")
+    else:
+        print_table(f"saturation on real vLLM (CPU build, 1 server x {REAL_MAX_NUM_SEQS} seqs)",
+                    ["design", "episodes/s", "utilization", "elapsed s"],
+                    [[d, r["episodes_per_s"], r["utilization"], r["elapsed_s"]]
+                     for d, r in real.items()])
     doc = {
         "quick": quick,
         "parameters": {
@@ -210,6 +306,14 @@ def run(quick: bool = False) -> dict[str, Any]:
                            "servers; rollstream: while episodes still waited to start",
         },
         "results": results,
+        "real_vllm": real if isinstance(real, str) else {
+            "server": f"vLLM's CPU build, the tiny local model, --max-num-seqs "
+                      f"{REAL_MAX_NUM_SEQS}, rollstream in flight {REAL_IN_FLIGHT}",
+            "utilization": f"share of /metrics polls every {POLL_S} s with "
+                           f"{REAL_MAX_NUM_SEQS} requests running",
+            "results": real,
+            "ratio": round(real["rollstream"]["episodes_per_s"]
+                           / real["sync"]["episodes_per_s"], 3)},
         "baseline": {"sync_episodes_per_s": sync["episodes_per_s"],
                      "sync_utilization": sync["utilization"]},
         "ratio": ratio,

@@ -12,6 +12,7 @@ import asyncio
 import functools
 import itertools
 import json
+import os
 import time
 import urllib.request
 from collections.abc import Sequence
@@ -22,16 +23,22 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from producers.publish import publish
+from producers.publish import load_tasks, publish, validate_task
 from rollstream.codec import unpack_ids, unpack_logprobs
 from rollstream.config import Settings
 from rollstream.dev.loop import ClosedLoop, LoopConfig
+from rollstream.envs import mini_swe_agent
 from rollstream.inference.client import InferenceClient
 from rollstream.inference.controller import apply_policy, current_version
 from rollstream.wire import lora_name
 from stages.run import conversation
 from tests.run_helpers import guess_episodes, play, run_settings
+from tests.sandbox_helpers import needs_bwrap, sandbox_root
+from tests.test_mini_swe_agent import HARNESS_BIN, needs_mini
+from tests.test_swe_pipeline import SHIPPED
 from tests.vllm_server import RealVllm
+
+__all__ = ["sandbox_root"]
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -238,9 +245,7 @@ def test_two_jobs_adapters_on_one_server_each_answer_their_own_requests(
 
 def test_closed_loop_trains_the_tiny_model_and_every_version_is_served(
         real_vllm: RealVllm, settings: Settings, tmp_path: Path) -> None:
-    # Version 0 is the model the trainer starts from: the server serves it, labelled 0.
-    [reset] = asyncio.run(apply_policy(event(0, real_vllm.model.weights[0]), [real_vllm.url]))
-    assert reset.ok, reset.detail
+    # The loop serves the model the trainer starts from as version 0 (weights[0]).
     loop = ClosedLoop(settings, tmp_path, LoopConfig(
         tasks=60, group_size=4, groups_per_batch=2, admission_window=4, max_staleness=2,
         hf_model=real_vllm.model.model))
@@ -259,7 +264,36 @@ def test_closed_loop_trains_the_tiny_model_and_every_version_is_served(
     assert all(Path(v["uri"], "model.safetensors").is_file() for v in progress.versions)
     turns = [t for s in progress.scored for t in s["trajectory"]["turns"]]
     assert {t["policy_version"] for t in turns} <= {0, *published}
+    assert 0 in {t["policy_version"] for t in turns}
     assert [s for s in progress.scored if s["trajectory"]["termination"] == "INFRA_ERROR"] == []
     with urllib.request.urlopen(real_vllm.url + "/weight_info") as response:
         label = json.loads(response.read())["weight_version"]
     assert int(label) in published  # the controller's last update
+
+
+@needs_bwrap
+@needs_mini
+def test_mini_swe_agent_plays_through_the_gateway_on_the_real_server(
+        real_vllm: RealVllm, sandbox_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The unmodified harness calls RUN's gateway (chat completions), which samples on the real
+    # server through the model's template: every call is a turn with vLLM's own ids.
+    monkeypatch.setenv("PATH", f"{HARNESS_BIN}:{os.environ['PATH']}")
+    version = asyncio.run(apply(real_vllm, real_vllm.model.weights[0]))
+    [task] = load_tasks(SHIPPED, "swe-bench")[:1]
+    task = validate_task({**mini_swe_agent.harness_task(task, mini_swe_agent.harness(
+        wall_clock_s=300)), "max_turns": 3, "sampling": {**task["sampling"], "max_tokens": 24,
+                                                         "seed": 0}})
+    episode = {"episode_id": f"{task['task_id']}#0", "task": task, "sample_index": 0,
+               "created_at_ms": 0}
+    settings = run_settings([real_vllm.url], tokenizer_path=str(real_vllm.model.model),
+                            request_timeout_s=120.0)
+    [trajectory], _ = asyncio.run(play(settings, [episode]))
+    assert trajectory["termination"] != "INFRA_ERROR", trajectory["termination_detail"]
+    turns = trajectory["turns"]
+    assert len(turns) >= 2  # the harness called again after the model's (random) answers
+    for turn, context in zip(turns, contexts(trajectory), strict=True):
+        assert turn["policy_version"] == version
+        completion = unpack_ids(turn["completion_ids"]).tolist()
+        scored = asyncio.run(prompt_logprobs(real_vllm, context + completion))
+        assert unpack_logprobs(turn["logprobs"]).tolist() == pytest.approx(
+            scored[len(context) - 1:], abs=2e-3)

@@ -132,7 +132,23 @@ class ClosedLoop:
                          "--max-staleness", str(self.config.max_staleness),
                          "--lr", str(self.config.lr))
         if server is not None:  # vLLM's CPU build takes up to minutes on a busy machine
-            wait_http(f"{url}/health", proc=server, timeout=120 if model is None else 300)
+            wait_http(f"{url}/health", proc=server, timeout=120 if model is None else 600)
+        if model is not None:
+            self._serve_version_0(url, model)
+
+    @staticmethod
+    def _serve_version_0(url: str, model: Path) -> None:
+        """The model the trainer starts from, labelled version 0 (a fresh vLLM's label is
+        "default": its turns would record -1, unknown), through the controller's own path."""
+        import asyncio
+
+        from rollstream.inference.controller import apply_policy
+
+        event = {"version": 0, "kind": "full", "uri": str(model), "step_id": "base",
+                 "metrics": {}, "created_at_ms": 0}
+        [applied] = asyncio.run(apply_policy(event, [url]))
+        if not applied.ok:
+            raise RuntimeError(f"could not serve the base model as version 0: {applied.detail}")
 
     def _start_vllm(self, model: Path, port: int) -> subprocess.Popen:
         from rollstream.broker.local import project_root

@@ -30,7 +30,7 @@ LAYERS = 2
 HEADS = 4
 KV_HEADS = 2
 INTERMEDIATE = 256
-MAX_POSITIONS = 2048
+MAX_POSITIONS = 8192
 INIT_RANGE = 0.1
 # The output layer drawn 4 times wider still: peaked next-token distributions, like a trained
 # model's, and greedy margins far above the float error of any kernel.
@@ -50,7 +50,7 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 # Bumped when what `build` writes changes, so an old build is not taken as complete.
-FORMAT = 3
+FORMAT = 4
 _MARKER = "tiny-model.json"
 
 _TEXT = (

@@ -39,9 +39,13 @@ ENVIRONMENT = {
 }
 
 # The server settings that work on a CPU (with --enable-lora for jobs' adapters and versions
-# applied as adapters); rank 8 is the tiny model's adapters' (rollstream.dev.tiny_model).
+# applied as adapters); rank 8 is the tiny model's adapters' (rollstream.dev.tiny_model), and
+# its context holds a harness's prompt (mini-swe-agent's first is 3.5k of its tokens). A whole
+# prompt is prefilled in one step: on the CPU, a seeded request whose prefill is split into
+# chunks kills the engine (vLLM 0.32 rewinds its generator's offset, which a CPU generator lacks).
 SERVE_ARGS = (
-    "--dtype", "float32", "--max-model-len", "1024", "--enforce-eager",
+    "--dtype", "float32", "--max-model-len", "8192", "--max-num-batched-tokens", "8192",
+    "--enforce-eager",
     "--distributed-executor-backend", "uni", "--seed", "0",
     "--enable-lora", "--max-loras", "3", "--max-lora-rank", "8",
 )
@@ -52,11 +56,12 @@ def venv(root: Path) -> Path:
     return root / ".rollstream" / "vllm-venv"
 
 
-def serve_command(root: Path, model: Path, port: int) -> tuple[list[str], dict[str, str]]:
+def serve_command(root: Path, model: Path, port: int,
+                  *extra: str) -> tuple[list[str], dict[str, str]]:
     """The command and environment that serve `model` on 127.0.0.1:`port` through this
-    launcher, run by the virtualenv of the checkout at `root`."""
+    launcher, run by the virtualenv of the checkout at `root`; `extra`: more vLLM arguments."""
     argv = [str(venv(root) / "bin" / "python"), "-m", "rollstream.dev.vllm_launch", "serve",
-            str(model), "--host", "127.0.0.1", "--port", str(port), *SERVE_ARGS]
+            str(model), "--host", "127.0.0.1", "--port", str(port), *SERVE_ARGS, *extra]
     return argv, {**os.environ, "PYTHONPATH": str(root)}
 
 
