@@ -61,8 +61,8 @@ class Settings:
     )
     metrics_port: int = field(
         default=0,
-        metadata={"help": "serve Prometheus metrics on this port at /metrics (long-running "
-                          "processes); 0: off"},
+        metadata={"help": "port of a long-running process's /metrics, /health and /ready "
+                          "(0: a free port, logged at start; -1: off)"},
     )
     tokenizer_path: str = field(
         default="",

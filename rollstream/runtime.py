@@ -47,7 +47,7 @@ from typing import Any, ClassVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from rollstream import kafka, metrics
+from rollstream import health, kafka, metrics
 from rollstream.checkpoint import (
     CALL_TIMEOUT_S,
     Checkpoint,
@@ -186,6 +186,7 @@ class StageRuntime:
         self.codec = codec()
         self.stats: Counter[str] = Counter()
         self.metrics = metrics.for_stage(stage.name)
+        self.health = health.component(f"stage {stage.name}", "joining group " + self.group)
         self._limits = record_limits(settings.topics)
         self._dlq_limit = self._limits.get(settings.topics.dlq)
         self._async = inspect.iscoroutinefunction(stage.handle)
@@ -218,6 +219,7 @@ class StageRuntime:
     def stop(self) -> None:
         if not self._stopping:
             self._stopping = True
+            self.health.not_ready("stopping")
             self._stop_at = time.monotonic()
 
     def _deadline(self) -> float | None:
@@ -248,6 +250,7 @@ class StageRuntime:
                     self._rewind()
             await self._drain()
         except IdInUse as exc:
+            self.health.fenced(str(exc))
             raise SystemExit(f"stage {self.stage.name}: {exc}") from exc
         except Stopped as exc:
             log.warning("stage %s: stopped while the cluster did not answer (%s); what was not "
@@ -574,6 +577,7 @@ class StageRuntime:
         log.warning("stage %s: consumer failed (%s); rejoining with a new one",
                     self.stage.name, err)
         if fenced:
+            self.health.fenced(f"consumer of group {self.group}: {err}")
             self._consumer_fences.fenced(err)
         self.stats["consumer_rebuilds"] += 1
         self._forget_work()
@@ -613,6 +617,7 @@ class StageRuntime:
             return
         log.info("stage %s: assigned %s", self.stage.name, [tp.partition for tp in partitions])
         self.metrics.rebalanced("assigned")
+        self.health.ready()
         kafka.start_at_committed(consumer, self._restore(consumer, partitions))
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
@@ -654,6 +659,7 @@ class StageRuntime:
             return
         log.warning("stage %s: lost %s", self.stage.name, [tp.partition for tp in partitions])
         self.metrics.rebalanced("lost")
+        self.health.not_ready("partitions lost; rejoining")
         self._forget_partitions({tp.partition for tp in partitions})
         # What the open transaction holds may be for the lost partitions: it must not commit
         # (a commit under way is abandoned: see _serve_group).

@@ -27,7 +27,7 @@ from typing import Any
 
 from confluent_kafka import KafkaException, TopicPartition
 
-from rollstream import kafka
+from rollstream import health, kafka
 from rollstream.checkpoint import (
     RETRY_S,
     Checkpoint,
@@ -87,6 +87,7 @@ class TrainerBridge:
         self.current_version = 0  # the trainer's policy version, for the staleness bound
         group_id = group or settings.topics.group(BRIDGE)
         self.consumer = kafka.consumer(settings, group_id)
+        self.health = health.component("bridge", "joining group " + group_id)
         self.checkpoint = Checkpoint(settings, kafka.process_id(settings, group_id)) \
             if transactional else None
         if self.checkpoint is not None:
@@ -113,6 +114,7 @@ class TrainerBridge:
             skip = decode_done(tp.offset, tp.metadata) if tp.offset >= 0 else set()
             self.progress[tp.partition] = PartitionProgress(tp.offset, skip)
         kafka.start_at_committed(consumer, committed)
+        self.health.ready()
 
     def _on_revoke(self, consumer: Any, partitions: list[TopicPartition]) -> None:
         # Unacknowledged samples of revoked partitions will be redelivered to their next owner.
@@ -157,6 +159,7 @@ class TrainerBridge:
     def _accept(self, msg: Any) -> None:
         if msg.error() is not None:
             if fatal(msg.error()):  # e.g. a static member fenced: this bridge cannot go on
+                self.health.fenced(f"consumer failed: {msg.error()}")
                 raise Rewind(f"consumer failed: {msg.error()}")
             return
         progress = self.progress.get(msg.partition())
@@ -239,6 +242,7 @@ class TrainerBridge:
     def close(self) -> None:
         """Leave the group and let the producer go (bounded: a cluster that does not answer
         cannot keep the trainer from stopping)."""
+        self.health.not_ready("closed")
         close_bounded(self.consumer, 10)
         if self.checkpoint is not None:
             self.checkpoint.close()

@@ -27,7 +27,8 @@ def log_to_stderr() -> None:
 
 
 def start_service(args: argparse.Namespace) -> Settings:
-    """A long-running process's start: logs to stderr, its settings, /metrics when asked."""
+    """A long-running process's start: logs to stderr, its settings, /metrics, /health and
+    /ready (on by default: see rollstream.metrics)."""
     log_to_stderr()
     resolved = settings(args)
     metrics.serve(resolved.metrics_port)

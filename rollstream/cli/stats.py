@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit("rollstream stats needs faust-streaming: pip install "
                          "'rollstream[stats]'") from exc
 
-    settings = common.settings(args)
+    settings = common.start_service(args)  # with /health and /ready beside faust's server
     scored = settings.topics.scored
     meta = AdminClient(settings.kafka()).list_topics(scored, timeout=30).topics.get(scored)
     if meta is None or meta.error is not None:

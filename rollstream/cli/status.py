@@ -33,7 +33,8 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     settings = common.settings(args)
-    metrics.serve(settings.metrics_port)
+    # Only a watching status runs long enough to serve metrics and probes.
+    metrics.serve(settings.metrics_port if args.watch else metrics.OFF)
     inspector = Inspector(settings, args.metrics_url)
     try:
         metrics.pipeline_status(inspector.snapshot())  # the first look: rates need two

@@ -100,8 +100,7 @@ def run_bridge(args: argparse.Namespace) -> int:
     from rollstream.checkpoint import Rewind
     from trainer_bridge.bridge import TrainerBridge
 
-    common.log_to_stderr()
-    settings = common.settings(args)
+    settings = common.start_service(args)
     group = args.group or settings.topics.group(PRINTER)
     printed = 0
     while args.max_batches is None or printed < args.max_batches:
