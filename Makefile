@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv deps harness-deps swebench-deps test demo bench lint broker-start broker-stop broker-status images
+.PHONY: venv deps harness-deps swebench-deps helm-deps test demo bench lint broker-start broker-stop broker-status images
 
 venv: $(STAMP)
 
@@ -35,7 +35,7 @@ deps: venv
 	@$(call apt_tool,prometheus,prometheus,the real-Prometheus test skips)
 	./scripts/docker-engine.sh
 	@$(call apt_tool,docker-compose,docker-compose,the compose test skips)
-	$(MAKE) harness-deps swebench-deps
+	$(MAKE) harness-deps swebench-deps helm-deps
 
 # mini-swe-agent, the harness the gateway is proven with, in a virtualenv of its own: a harness
 # is a separate program with its own dependencies. Versions pinned, litellm included.
@@ -55,6 +55,18 @@ SWEBENCH_STAMP := $(SWEBENCH_DIR)/.installed
 swebench-deps: $(SWEBENCH_STAMP)
 $(SWEBENCH_STAMP): $(STAMP)
 	$(BIN)/pip install -q --no-deps --target $(SWEBENCH_DIR) swebench==5.0.2 unidiff==0.7.5
+	touch $@
+
+# Helm, the manifest validator (deploy/helm/validate), the CRDs it checks the chart's custom
+# resources against (KEDA, Strimzi, Prometheus Operator) and Kafka's consumer-group tool, pinned
+# in scripts/helm-deps.sh: for tests/test_helm_chart.py and tests/test_keda_lag.py. Rebuilt when
+# the script or the validator changes.
+HELM_DIR ?= .rollstream/helm
+HELM_STAMP := $(HELM_DIR)/.installed
+helm-deps: $(HELM_STAMP)
+$(HELM_STAMP): $(STAMP) scripts/helm-deps.sh deploy/helm/validate/main.go \
+		deploy/helm/validate/go.mod deploy/helm/validate/go.sum
+	PYTHON=$(BIN)/python ./scripts/helm-deps.sh $(HELM_DIR)
 	touch $@
 
 # Local images for docker-compose.local.yml (scripts/local-images.sh), built with no registry or
