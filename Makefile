@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv deps harness-deps swebench-deps helm-deps test demo bench lint broker-start broker-stop broker-status images
+.PHONY: venv deps harness-deps swebench-deps helm-deps slurm-deps test demo bench lint broker-start broker-stop broker-status images
 
 venv: $(STAMP)
 
@@ -35,7 +35,7 @@ deps: venv
 	@$(call apt_tool,prometheus,prometheus,the real-Prometheus test skips)
 	./scripts/docker-engine.sh
 	@$(call apt_tool,docker-compose,docker-compose,the compose test skips)
-	$(MAKE) harness-deps swebench-deps helm-deps
+	$(MAKE) harness-deps swebench-deps helm-deps slurm-deps
 
 # mini-swe-agent, the harness the gateway is proven with, in a virtualenv of its own: a harness
 # is a separate program with its own dependencies. Versions pinned, litellm included.
@@ -68,6 +68,11 @@ $(HELM_STAMP): $(STAMP) scripts/helm-deps.sh deploy/helm/validate/main.go \
 		deploy/helm/validate/go.mod deploy/helm/validate/go.sum
 	PYTHON=$(BIN)/python ./scripts/helm-deps.sh $(HELM_DIR)
 	touch $@
+
+# Slurm's controller and compute daemons and munge, from Debian, for the Slurm recipe's test
+# (tests/test_slurm.py starts them on this host with a configuration of its own).
+slurm-deps:
+	@$(call apt_tool,slurmctld,slurm-wlm munge,the Slurm test needs it)
 
 # Local images for docker-compose.local.yml (scripts/local-images.sh), built with no registry or
 # package index reachable from the builds: Kafka from the bundled broker's jars, Prometheus from
