@@ -12,6 +12,7 @@ from rollstream.cli import (
     dlq,
     envs,
     harness_tasks,
+    plan,
     publish,
     sandbox,
     schemas,
@@ -44,6 +45,7 @@ FEATURE_MODULES = [
     status,
     dlq,
     stats,
+    plan,
 ]
 
 
