@@ -2,11 +2,12 @@
 
 Each part of a process that can be unready (a stage's consumer, the trainer's bridge, the
 controller's policy reader, faust's worker) takes a `Component` and says what it is doing;
-the process is ready when every component is. `metrics.serve` answers on its port:
+the process is ready when it has components and every one is. `metrics.serve` answers on its
+port:
 
 - `/health`: 200 while the process serves HTTP at all (alive);
-- `/ready`: 200 when every component is ready, else 503; the body (JSON) names each
-  component with its state and, when unready, why.
+- `/ready`: 200 when every component is ready (and there is one), else 503; the body (JSON)
+  names each component with its state and, when unready, why.
 
 A component starts unready. A fence (another live process took its id) keeps it unready for
 FENCE_HOLD_S even if it joins again at once: a fight over one id is a misconfiguration to show
@@ -69,7 +70,8 @@ def report() -> tuple[bool, bytes]:
     """Whether the process is ready, and the /ready body."""
     with _lock:
         states = {name: c.state() for name, c in sorted(_components.items())}
-    ready = all(s is None for s in states.values())
+    # No component yet: the process is still starting (a trainer loading its model).
+    ready = bool(states) and all(s is None for s in states.values())
     body = {"ready": ready,
             "components": {n: ("ready" if s is None else f"not ready: {s}")
                            for n, s in states.items()}}

@@ -12,7 +12,7 @@ import urllib.request
 from pathlib import Path
 
 from rollstream.config import Settings
-from rollstream.dev.processes import ProcessGroup
+from rollstream.dev.processes import ProcessGroup, free_port
 from rollstream.topics import create_topics, delete_topics
 
 PORT_LINE = re.compile(r"serving /metrics, /health and /ready on port (\d+)")
@@ -87,16 +87,26 @@ def test_stage_ready_after_assignment_and_unready_when_fenced(
         delete_topics(bootstrap, prefix)
 
 
-def test_bridge_and_controller_ready_once_they_read(settings: Settings, tmp_path: Path) -> None:
+def test_every_other_service_is_ready_once_it_reads(settings: Settings, tmp_path: Path) -> None:
     common = ["--bootstrap-servers", settings.bootstrap_servers, "--prefix", settings.prefix]
     procs = ProcessGroup(tmp_path)
+    # (process, its command, the readiness components it reports)
+    services = [
+        ("bridge", ["bridge"], {"bridge": "ready"}),
+        ("train", ["train", "--checkpoint-dir", str(tmp_path / "ckpt")], {"bridge": "ready"}),
+        ("controller", ["controller", "--policy-url", "http://127.0.0.1:9"],
+         {"controller": "ready"}),
+        ("stats", ["stats", "--web-port", str(free_port()), "--datadir", str(tmp_path / "stats")],
+         {"stats": "ready"}),
+        ("status", ["status", "--watch", "--json", "--interval", "1"], {"status": "ready"}),
+    ]
     try:
-        procs.start("bridge", "bridge", *common)
-        procs.start("controller", "controller", *common, "--policy-url", "http://127.0.0.1:9")
-        for name, component in (("bridge", "bridge"), ("controller", "controller")):
-            port = port_of(procs, tmp_path / f"{name}.log")
-            assert probe(port, "/health")[0] == 200
+        for name, args, _ in services:
+            procs.start(name, *args, *common)
+        for name, _, components in services:
+            port = port_of(procs, tmp_path / f"{name}.log", timeout=120)
+            assert probe(port, "/health")[0] == 200, name
             body = wait_status(procs, port, 200)
-            assert json.loads(body)["components"] == {component: "ready"}
+            assert json.loads(body)["components"] == components, name
     finally:
         procs.stop_all()
