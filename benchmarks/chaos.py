@@ -118,17 +118,17 @@ class Pipeline:
                  names: list[str] | None = None) -> None:
         self.settings = settings
         self.procs = ProcessGroup(workdir / "logs")
-        common = ["--bootstrap-servers", settings.bootstrap_servers, "--prefix", settings.prefix,
-                  "--policy-url", policy_url]
+        common = settings.client_flags()
+        policy = ["--policy-url", policy_url]
         self.commands: dict[str, list[str]] = {
             "init-0": ["stage", "init", *common],
             "init-1": ["stage", "init", *common, "--instance-id", "chaos-init"],
-            "run-0": ["stage", "run", *common],
-            "run-1": ["stage", "run", *common, "--instance-id", "chaos-run"],
+            "run-0": ["stage", "run", *common, *policy],
+            "run-1": ["stage", "run", *common, *policy, "--instance-id", "chaos-run"],
             "eval-0": ["stage", "eval", *common],
             "eval-1": ["stage", "eval", *common, "--instance-id", "chaos-eval"],
             "trainer": ["bridge", *common, "--groups-per-batch", "4"],
-            "controller": ["controller", *common],
+            "controller": ["controller", *common, *policy],
         }
         if names is not None:
             self.commands = {n: self.commands[n] for n in names}

@@ -176,9 +176,9 @@ def task_event(i: int, sent_ns: int | None = None) -> tuple[str, bytes]:
     return task_id, value
 
 
-def prefill(bootstrap: str, topic: str, n: int, first_id: int = 0) -> int:
+def prefill(conf: dict[str, Any], topic: str, n: int, first_id: int = 0) -> int:
     """Produce n events; returns the encoded size of one."""
-    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "compression.type": "lz4"})
+    p = Producer({**conf, "linger.ms": 20, "compression.type": "lz4"})
     size = 0
     for i in range(first_id, first_id + n):
         key, value = task_event(i)
@@ -206,10 +206,10 @@ def fetch_batch(consumer: Consumer, max_messages: int, timeout_s: float) -> list
 # -- measuring -------------------------------------------------------------------------------
 
 
-def output_reader(bootstrap: str, topic: str) -> Consumer:
+def output_reader(conf: dict[str, Any], topic: str) -> Consumer:
     """read_committed, from the beginning: sees exactly what a downstream stage would."""
     c = Consumer({
-        "bootstrap.servers": bootstrap,
+        **conf,
         "group.id": f"bench-reader-{uuid.uuid4().hex[:8]}",
         "isolation.level": "read_committed",
         "enable.auto.commit": False,
@@ -236,10 +236,11 @@ def count_until(reader: Consumer, n: int, timeout_s: float,
     return seen, time.monotonic_ns()
 
 
-def paced_producer(bootstrap: str, topic: str, rate: float, count: int, first_id: int) -> None:
+def paced_producer(conf: dict[str, Any], topic: str, rate: float, count: int, first_id: int
+                   ) -> None:
     """Send `count` events at a fixed rate, each stamped with its send time."""
     # linger.ms=0: the source sends at once, so the stamp is close to when the event leaves.
-    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0})
+    p = Producer({**conf, "linger.ms": 0})
     # Connect and learn the topic's leaders first, or the first events wait for that.
     p.list_topics(topic, timeout=10)
     start = time.monotonic()
@@ -253,10 +254,10 @@ def paced_producer(bootstrap: str, topic: str, rate: float, count: int, first_id
     p.flush(30)
 
 
-def measure_latency(reader: Consumer, bootstrap: str, topic: str, rate: float, count: int,
+def measure_latency(reader: Consumer, conf: dict[str, Any], topic: str, rate: float, count: int,
                     first_id: int, alive: Callable[[], bool]) -> list[int]:
     sender = threading.Thread(target=paced_producer, name="bench-paced-producer",
-                              args=(bootstrap, topic, rate, count, first_id), daemon=True)
+                              args=(conf, topic, rate, count, first_id), daemon=True)
     sender.start()
     c = codec()
     latencies: list[int] = []
@@ -298,23 +299,24 @@ class Running:
             raise RuntimeError(f"design failed: {self.errors[0]!r}") from self.errors[0]
 
 
-def run_design(name: str, bootstrap: str, n: int, rounds: int, rate: float,
+def run_design(name: str, conf: dict[str, Any], n: int, rounds: int, rate: float,
                latency_events: int, timeout_s: float) -> dict[str, Any]:
     """`rounds` throughput rounds (pre-fill n, start the design, count n outputs, stop it:
     the next instance resumes from the committed offsets), then the latency phase on the last."""
     prefix = f"bench-{uuid.uuid4().hex[:8]}-{name}"
-    settings = load(bootstrap_servers=bootstrap, prefix=prefix, partitions=PARTITIONS)
-    create_topics(bootstrap, prefix, PARTITIONS)
+    settings = load(bootstrap_servers=conf["bootstrap.servers"], prefix=prefix,
+                    partitions=PARTITIONS, kafka_properties=conf)
+    create_topics(conf, prefix, PARTITIONS)
     reader: Consumer | None = None
     running: Running | None = None
     stats: Counter[str] = Counter()
     rates: list[float] = []
     startups: list[float] = []
     try:
-        reader = output_reader(bootstrap, settings.topics.episodes)
+        reader = output_reader(conf, settings.topics.episodes)
         lat: list[int] = []
         for r in range(rounds):
-            event_bytes = prefill(bootstrap, settings.topics.tasks, n, first_id=r * n)
+            event_bytes = prefill(conf, settings.topics.tasks, n, first_id=r * n)
             running = Running(name, settings)
             seen, last_ns = count_until(reader, n, timeout_s, running.thread.is_alive)
             if seen < n:
@@ -325,7 +327,7 @@ def run_design(name: str, bootstrap: str, n: int, rounds: int, rate: float,
             rates.append(n / ((last_ns - first_ns) / 1e9))
             startups.append((first_ns - running.started_ns) / 1e9)
             if r == rounds - 1:
-                lat = measure_latency(reader, bootstrap, settings.topics.tasks, rate,
+                lat = measure_latency(reader, conf, settings.topics.tasks, rate,
                                       latency_events, rounds * n, running.thread.is_alive)
             running.stop()
             if isinstance(running.design, StageDesign):
@@ -356,13 +358,13 @@ def run_design(name: str, bootstrap: str, n: int, rounds: int, rate: float,
                 running.stop()
         if reader is not None:
             reader.close()
-        delete_topics(bootstrap, prefix)
-        _delete_groups(bootstrap, [f"{prefix}.bench-plain", f"{prefix}.{PassThrough.name}"])
+        delete_topics(conf, prefix)
+        _delete_groups(conf, [f"{prefix}.bench-plain", f"{prefix}.{PassThrough.name}"])
 
 
-def _delete_groups(bootstrap: str, groups: list[str]) -> None:
+def _delete_groups(conf: dict[str, Any], groups: list[str]) -> None:
     """Leave no benchmark groups behind on a shared broker (the ones never used don't exist)."""
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = AdminClient(conf)
     for future in admin.delete_consumer_groups(groups, request_timeout=10).values():
         with contextlib.suppress(Exception):  # best effort: GROUP_ID_NOT_FOUND is expected
             future.result()
@@ -398,8 +400,8 @@ def run(quick: bool = False) -> dict[str, Any]:
     rate = 500.0
     latency_events = int(rate * (2 if quick else 5))
     rounds = 1 if quick else 3
-    results = {d: run_design(d, bootstrap, n, rounds, rate, latency_events, timeout_s=60)
-               for d in DESIGNS}
+    results = {d: run_design(d, {"bootstrap.servers": bootstrap}, n, rounds, rate,
+                             latency_events, timeout_s=60) for d in DESIGNS}
     eps = {d: r["events_per_s"] for d, r in results.items()}
     ratio = round(eps["stage_raw"] / eps["plain"], 3)
     ratio_avro = round(eps["stage"] / eps["plain_avro"], 3)

@@ -28,12 +28,14 @@ class TaskFileError(ValueError):
     """A task source is invalid; the message names the location (file:line) and the field."""
 
 
-# A loader turns a task source into (location, candidate Task dict) pairs; load_tasks validates
-# every candidate the same way whatever the source, so a new format only maps fields.
-Loader = Callable[[Path], Iterator[tuple[str, dict[str, Any]]]]
+# A loader turns a task source into (location, candidate Task dict) pairs, or (location,
+# ValueError) for an entry it cannot read; load_tasks validates every candidate the same way
+# whatever the source, so a new format only maps fields.
+Loader = Callable[[Path], Iterator[tuple[str, dict[str, Any] | ValueError]]]
+MAX_REPORTED = 20  # bad entries listed in one error; the count says how many there are
 
 
-def _read_jsonl(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
+def _read_jsonl(path: Path) -> Iterator[tuple[str, dict[str, Any] | ValueError]]:
     with path.open(encoding="utf-8") as lines:
         for number, line in enumerate(lines, start=1):
             if not line.strip():
@@ -42,11 +44,11 @@ def _read_jsonl(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
             try:
                 item = json.loads(line)
             except json.JSONDecodeError as exc:
-                raise TaskFileError(
-                    f"{where}: invalid JSON: {exc.msg} (column {exc.colno})"
-                ) from None
+                yield where, ValueError(f"invalid JSON: {exc.msg} (column {exc.colno})")
+                continue
             if not isinstance(item, dict):
-                raise TaskFileError(f"{where}: expected a JSON object, got {_show(item)}")
+                yield where, ValueError(f"expected a JSON object, got {_show(item)}")
+                continue
             yield where, item
 
 
@@ -179,25 +181,31 @@ def validate_task(item: dict[str, Any], known_envs: set[str] | None = None,
 def load_tasks(path: str | Path, fmt: str = "rollstream",
                settings: Settings | None = None) -> list[dict[str, Any]]:
     """Read and validate every task in `path` (against the bounds of `settings`); raises
-    TaskFileError at the first bad one."""
+    TaskFileError listing the bad ones (the first MAX_REPORTED, and how many there are)."""
     if fmt not in FORMATS:
         raise TaskFileError(f"unknown task format {fmt!r}; known: {', '.join(FORMATS)}")
     tasks: list[dict[str, Any]] = []
+    bad: list[str] = []
     first_seen: dict[str, str] = {}
     known_envs: set[str] = set()
     for where, item in FORMATS[fmt](Path(path)):
         try:
+            if isinstance(item, ValueError):
+                raise item
             task = validate_task(item, known_envs, settings)
+            # Episode ids derive from task ids, so a duplicate would collide downstream.
+            if task["task_id"] in first_seen:
+                raise ValueError(f"field 'task_id': duplicate {task['task_id']!r} "
+                                 f"(first at {first_seen[task['task_id']]})")
         except ValueError as exc:
-            raise TaskFileError(f"{where}: {exc}") from None
-        # Episode ids derive from task ids, so a duplicate would collide downstream.
-        if task["task_id"] in first_seen:
-            raise TaskFileError(
-                f"{where}: field 'task_id': duplicate {task['task_id']!r} "
-                f"(first at {first_seen[task['task_id']]})"
-            )
+            bad.append(f"{where}: {exc}")
+            continue
         first_seen[task["task_id"]] = where
         tasks.append(task)
+    if bad:
+        shown = "" if len(bad) <= MAX_REPORTED else f", the first {MAX_REPORTED} above"
+        raise TaskFileError("\n".join(bad[:MAX_REPORTED])
+                            + f"\n{len(bad)} bad task(s) in {path}{shown}; nothing sent")
     return tasks
 
 
@@ -208,7 +216,7 @@ def publish(settings: Settings, tasks: list[dict[str, Any]]) -> int:
     values = [
         codec().encode(TASK, {**t, "created_at_ms": t["created_at_ms"] or now_ms}) for t in tasks
     ]
-    p = producer(settings, process_id(settings, "publish"))
+    p = producer(settings, process_id(settings, settings.topics.group("publish")))
     # The topic must exist, or the send would only fail at commit, after a delivery timeout.
     # Listing all topics, not this one, so a broker with auto-create on does not create it.
     found = p.list_topics(timeout=10).topics.get(topic)

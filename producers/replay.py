@@ -250,6 +250,7 @@ def replay(
     end_time_ms: int | None = None,
     where: Iterable[str] = (),
     policy_version: int | None = None,
+    keep: Callable[[str, dict], bool] | None = None,
     to_topic: str | None = None,
     out: TextIO | None = None,
     limit: int | None = None,
@@ -263,10 +264,11 @@ def replay(
     transaction (the topic is created like the source if missing; same partition when the counts
     match); otherwise each is written to `out` (default stdout) as one JSON line:
     {topic, partition, offset, timestamp_ms, key, type, value}.
+    `keep(record, value)`, when given, is one more filter (ranges of versions or rewards).
     Undecodable events are skipped and counted on stderr.
     """
     filters = parse_where(where)
-    c = consumer(settings, process_id(settings, "replay"))
+    c = consumer(settings, process_id(settings, settings.topics.group("replay")))
     try:
         meta = c.list_topics(timeout=30).topics
         topic = resolve_topic(settings, topic, meta)
@@ -279,10 +281,10 @@ def replay(
     if to_topic == topic:
         raise ValueError(f"cannot replay {topic} into itself")
 
-    def keep(record: str, value: dict) -> bool:
-        return _matches(value, filters) and (
+    def kept(record: str, value: dict) -> bool:
+        return (_matches(value, filters) and (
             policy_version is None or _has_policy_version(record, value, policy_version)
-        )
+        ) and (keep is None or keep(record, value)))
 
     p = None
     same_partitions = False
@@ -290,7 +292,7 @@ def replay(
         same_partitions = _ensure_topic(settings, topic, to_topic) == len(partitions)
         p = producer(
             settings,
-            process_id(settings, "replay"),
+            process_id(settings, settings.topics.group("replay")),
             **{"transaction.timeout.ms": TRANSACTION_TIMEOUT_MS},
         )
         p.init_transactions(30)
@@ -301,7 +303,7 @@ def replay(
         for msg, record, value in _decoded(settings, topic, ranges, skipped):
             if limit is not None and replayed >= limit:
                 break
-            if not keep(record, value):
+            if not kept(record, value):
                 continue
             replayed += 1
             if p is not None:

@@ -47,6 +47,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from rollstream import kafka
 from rollstream.codec import headers_for
 from rollstream.config import Settings
+from rollstream.kafka_errors import raise_if_denied
 
 log = logging.getLogger("rollstream.checkpoint")
 
@@ -107,7 +108,9 @@ def fatal(err: KafkaError) -> bool:
 
 
 def classify(err: KafkaError) -> str:
-    """'retry', 'abort' or 'rebuild': what a transactional producer does after `err`."""
+    """'retry', 'abort' or 'rebuild': what a transactional producer does after `err`; a
+    refused login or authorization stops the process (no retry mends it)."""
+    raise_if_denied(err, "the cluster")
     if fatal(err) or err.code() in _FENCED:
         return "rebuild"
     if err.txn_requires_abort():

@@ -2,6 +2,14 @@
 
 Environment variables are ROLLSTREAM_<FIELD> (e.g. ROLLSTREAM_PREFIX), plus the conventional
 KAFKA_BOOTSTRAP_SERVERS for the broker address.
+
+Kafka client properties (SASL, TLS, any librdkafka key) come from a Java-style properties file,
+the `client.properties` managed services hand out (`--kafka-config FILE`, env
+ROLLSTREAM_KAFKA_CONFIG), over a `[kafka]` table of the TOML file; they reach every client a
+process builds (`Settings.kafka()`). `bootstrap.servers` may come from them.
+
+Each setting belongs to one component (`GROUPS`); a command offers the flags of the components
+it uses only, so a flag another command would take is an error there, not silently ignored.
 """
 
 from __future__ import annotations
@@ -12,104 +20,105 @@ import tomllib
 from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rollstream.graph import Topics
+
+if TYPE_CHECKING:
+    from rollstream.sandbox.settings import SandboxSettings
+
+# Components, in the order `--help` shows them: name -> title.
+GROUPS: dict[str, str] = {
+    "kafka": "Kafka",
+    "command": "one-shot command",
+    "topics": "topics",
+    "stage": "stage process",
+    "admission": "INIT admission",
+    "dedup": "duplicate ids (INIT, EVAL)",
+    "service": "long-running service",
+    "inference": "RUN / inference",
+    "sandbox": "sandbox",
+    "bounds": "bounds at the door",
+}
+
+
+def _setting(default: Any, group: str, help: str, flag: str = "") -> Any:
+    return field(default=default, metadata={"group": group, "help": help, "flag": flag})
 
 
 @dataclass(frozen=True)
 class Settings:
-    bootstrap_servers: str = field(
-        default="", metadata={"help": "Kafka bootstrap servers; empty: the bundled local broker"}
-    )
-    prefix: str = field(default="rollstream", metadata={"help": "topic name prefix"})
-    partitions: int = field(default=8, metadata={"help": "partitions per topic (topics create)"})
-    max_in_flight: int = field(
-        default=64, metadata={"help": "events a stage process works on at once (backpressure)"}
-    )
-    commit_interval_ms: int = field(
-        default=200, metadata={"help": "how often a stage commits its transaction"}
-    )
-    admission_window: int = field(
-        default=0,
-        metadata={"help": "INIT admits at most this many tasks beyond what the trainer has "
-                          "consumed (bounds staleness); 0: no limit"},
-    )
-    instance_id: str = field(
-        default="",
-        metadata={"help": "stable id for static group membership and the transactional id"},
-    )
-    policy_url: str = field(
-        default="http://127.0.0.1:8011",
-        metadata={"help": "inference endpoint(s), comma separated (vLLM-compatible)"},
-    )
-    policy_url_file: str = field(
-        default="",
-        metadata={"help": "file listing more inference endpoints, one per line; re-read while "
-                          "running, so servers can be added and removed"},
-    )
-    request_timeout_s: float = field(
-        default=60.0, metadata={"help": "per inference request timeout"}
-    )
-    server_max_in_flight: int = field(
-        default=64,
-        metadata={"help": "requests one RUN process sends one inference server at once; when "
-                          "every server is at it, RUN stops taking episodes"},
-    )
-    health_interval_s: float = field(
-        default=2.0, metadata={"help": "how often inference servers' health and load are read"}
-    )
-    metrics_port: int = field(
-        default=0,
-        metadata={"help": "port of a long-running process's /metrics, /health and /ready "
-                          "(0: a free port, logged at start; -1: off)"},
-    )
-    tokenizer_path: str = field(
-        default="",
-        metadata={"help": "local Hugging Face tokenizer directory whose chat template RUN "
-                          "renders (empty: the embedded policy's template)"},
-    )
-    gateway_port: int = field(
-        default=0,
-        metadata={"help": "port of RUN's OpenAI-compatible gateway for harness episodes, on "
-                          "127.0.0.1 (0: a free port)"},
-    )
-    chat_template: str = field(
-        default="",
-        metadata={"help": "a Jinja chat template file used instead of the tokenizer's (e.g. "
-                          "one that keeps earlier reasoning: rollstream/inference/templates/)"},
-    )
-    chat_template_kwargs: str = field(
-        default="",
-        metadata={"help": 'JSON object passed to the chat template, e.g. '
-                          '\'{"enable_thinking": false}\''},
-    )
+    bootstrap_servers: str = _setting(
+        "", "kafka", "Kafka bootstrap servers (`local`: the bundled broker, started if needed)")
+    kafka_config: str = _setting(
+        "", "kafka", "Java-style properties file of Kafka client settings (SASL, TLS, any "
+        "librdkafka key), e.g. a managed service's client.properties")
+    prefix: str = _setting("rollstream", "kafka", "topic name prefix")
+    timeout_s: float = _setting(
+        30.0, "command", "seconds a command waits for the broker before it gives up with the "
+        "cause (long-running processes keep retrying instead)", flag="--timeout")
+    partitions: int = _setting(8, "topics", "partitions per topic (topics create)")
+    max_in_flight: int = _setting(
+        64, "stage", "events a stage process works on at once (backpressure)")
+    commit_interval_ms: int = _setting(200, "stage", "how often a stage commits its transaction")
+    admission_window: int = _setting(
+        0, "admission", "INIT admits at most this many tasks beyond what the trainer has consumed "
+        "(bounds staleness); 0: no limit")
+    dedup_window: int = _setting(
+        100_000, "dedup", "ids INIT and EVAL remember per input partition to drop duplicates "
+        "(rollstream.dedup)")
+    instance_id: str = _setting(
+        "", "service", "stable id for static group membership and the transactional id")
+    metrics_port: int = _setting(
+        0, "service", "port of a long-running process's /metrics, /health and /ready (0: a "
+        "free port, logged at start; -1: off)")
+    policy_url: str = _setting(
+        "http://127.0.0.1:8011", "inference",
+        "inference endpoint(s), comma separated (vLLM-compatible)")
+    policy_url_file: str = _setting(
+        "", "inference", "file listing more inference endpoints, one per line; re-read while "
+        "running, so servers can be added and removed")
+    request_timeout_s: float = _setting(60.0, "inference", "per inference request timeout")
+    server_max_in_flight: int = _setting(
+        64, "inference", "requests one RUN process sends one inference server at once; when "
+        "every server is at it, RUN stops taking episodes")
+    health_interval_s: float = _setting(
+        2.0, "inference", "how often inference servers' health and load are read")
+    tokenizer_path: str = _setting(
+        "", "inference", "local Hugging Face tokenizer directory whose chat template RUN "
+        "renders (empty: the embedded policy's template)")
+    gateway_port: int = _setting(
+        0, "inference", "port of RUN's OpenAI-compatible gateway for harness episodes, on "
+        "127.0.0.1 (0: a free port)")
+    chat_template: str = _setting(
+        "", "inference", "a Jinja chat template file used instead of the tokenizer's (e.g. one "
+        "that keeps earlier reasoning: rollstream/inference/templates/)")
+    chat_template_kwargs: str = _setting(
+        "", "inference", 'JSON object passed to the chat template, e.g. '
+        '\'{"enable_thinking": false}\'')
+    sandbox: str = _setting("auto", "sandbox", "sandbox backend: auto (bwrap for tasks "
+                            "without an image, docker for those with one), bwrap or docker")
+    sandbox_image: str = _setting(
+        "", "sandbox", "docker image for tasks that name none (default: the local base image "
+        "`make deps` builds)")
+    sandbox_root: str = _setting(
+        "", "sandbox", "folder bwrap sandboxes live in (default: a per-user temp folder)")
+    sandbox_uids: str = _setting(
+        "", "sandbox", "FIRST-LAST: uids for the sandboxes of a root owner, one each "
+        "(default 1000000-1065535)")
     # Bounds at the door (rollstream.bounds): checked by `publish`, INIT and RUN.
-    max_group_size: int = field(
-        default=1024, metadata={"help": "largest group_size a task may ask for"}
-    )
-    max_turns_per_episode: int = field(
-        default=256, metadata={"help": "largest max_turns a task may ask for"}
-    )
-    max_tokens_per_turn: int = field(
-        default=32768, metadata={"help": "largest sampling.max_tokens a task may ask for"}
-    )
-    max_episode_tokens: int = field(
-        default=1 << 20,
-        metadata={"help": "largest max_turns x sampling.max_tokens: the worst-case trajectory "
-                          "must fit the trajectories topic"},
-    )
-    max_prompt_bytes: int = field(
-        default=1 << 20, metadata={"help": "largest task prompt, UTF-8 bytes"}
-    )
-    max_task_id_bytes: int = field(
-        default=512, metadata={"help": "longest task_id, UTF-8 bytes (it keys every event)"}
-    )
-    dedup_window: int = field(
-        default=100_000,
-        metadata={"help": "ids INIT and EVAL remember per input partition to drop duplicates "
-                          "(rollstream.dedup)"},
-    )
+    max_group_size: int = _setting(1024, "bounds", "largest group_size a task may ask for")
+    max_turns_per_episode: int = _setting(256, "bounds", "largest max_turns a task may ask for")
+    max_tokens_per_turn: int = _setting(
+        32768, "bounds", "largest sampling.max_tokens a task may ask for")
+    max_episode_tokens: int = _setting(
+        1 << 20, "bounds", "largest max_turns x sampling.max_tokens: the worst-case trajectory "
+        "must fit the trajectories topic")
+    max_prompt_bytes: int = _setting(1 << 20, "bounds", "largest task prompt, UTF-8 bytes")
+    max_task_id_bytes: int = _setting(
+        512, "bounds", "longest task_id, UTF-8 bytes (it keys every event)")
+    # Resolved by `load` from the [kafka] table and the kafka_config file; no flag of its own.
+    kafka_properties: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     @cached_property
     def topics(self) -> Topics:
@@ -126,11 +135,46 @@ class Settings:
         return list(dict.fromkeys(u.rstrip("/") for u in urls if u))
 
     def kafka(self) -> dict[str, Any]:
-        """Base librdkafka configuration."""
-        return {"bootstrap.servers": self.bootstrap_servers}
+        """Base librdkafka configuration: the client properties and the broker address."""
+        return {**self.kafka_properties, "bootstrap.servers": self.bootstrap_servers}
+
+    def sandbox_settings(self) -> SandboxSettings:
+        from rollstream.sandbox.settings import SandboxSettings
+
+        return SandboxSettings(self.sandbox, self.sandbox_image, self.sandbox_root,
+                               self.sandbox_uids)
+
+    def client_flags(self) -> list[str]:
+        """The flags that give a child process this process's broker and client properties."""
+        flags = ["--bootstrap-servers", self.bootstrap_servers, "--prefix", self.prefix]
+        return flags + (["--kafka-config", self.kafka_config] if self.kafka_config else [])
 
 
 ENV_PREFIX = "ROLLSTREAM_"
+_CLI_FIELDS = [f for f in fields(Settings) if "group" in f.metadata]
+
+# Keys whose values are secrets: never printed (logs, errors, status, the demo screen).
+SECRET_MARKERS = ("password", "secret", "jaas", "oauthbearer.config", "ssl.key.pem",
+                  "ssl_key", "token")
+
+
+def is_secret(key: str) -> bool:
+    return any(marker in key.lower() for marker in SECRET_MARKERS)
+
+
+def redacted(properties: dict[str, Any]) -> dict[str, Any]:
+    """`properties` fit to print: every secret value replaced."""
+    return {k: "[redacted]" if is_secret(k) else v for k, v in properties.items()}
+
+
+def read_properties(path: Path) -> dict[str, str]:
+    """A Java-style properties file (`key=value`, `#` comments), as Kafka's tools read it."""
+    import javaproperties
+
+    if not path.is_file():
+        raise SystemExit(f"Kafka client properties file not found: {path}")
+    with path.open(encoding="utf-8") as fh:
+        return dict(javaproperties.load(fh))
 
 
 def _coerce(value: str, like: Any) -> Any:
@@ -143,44 +187,67 @@ def _coerce(value: str, like: Any) -> Any:
     return value
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add one --flag per setting (defaults stay None so unset flags don't override)."""
-    parser.add_argument("--config", type=Path, help="TOML file with settings (top-level keys)")
-    for f in fields(Settings):
-        parser.add_argument(
-            "--" + f.name.replace("_", "-"),
-            dest=f.name,
-            type=type(f.default),
-            default=None,
-            help=f"{f.metadata.get('help', '')} (env {ENV_PREFIX}{f.name.upper()})",
-        )
+def _flag(f: Any) -> str:
+    return f.metadata["flag"] or "--" + f.name.replace("_", "-")
+
+
+def add_arguments(parser: argparse.ArgumentParser, *groups: str) -> None:
+    """Add the flags of the named components (all of them when none is named), one argument
+    group each in `--help`; defaults stay None so unset flags don't override."""
+    unknown = set(groups) - set(GROUPS)
+    if unknown:
+        raise ValueError(f"unknown setting groups {sorted(unknown)}; known: {list(GROUPS)}")
+    chosen = [g for g in GROUPS if g in groups] if groups else list(GROUPS)
+    parser.add_argument("--config", type=Path, help="TOML file with settings (top-level keys, "
+                        "a [kafka] table of client properties)")
+    for group in chosen:
+        section = parser.add_argument_group(f"{GROUPS[group]} settings")
+        for f in (f for f in _CLI_FIELDS if f.metadata["group"] == group):
+            section.add_argument(
+                _flag(f), dest=f.name, type=type(f.default), default=None,
+                help=f"{f.metadata['help']} (env {ENV_PREFIX}{f.name.upper()})",
+            )
 
 
 def load(args: argparse.Namespace | None = None, **overrides: Any) -> Settings:
-    """Resolve settings: defaults < file < environment < flags < overrides."""
+    """Resolve settings: defaults < file < environment < flags < overrides; then the Kafka
+    client properties ([kafka] table < properties file), whose `bootstrap.servers` counts when
+    no other setting names the broker."""
     settings = Settings()
     values: dict[str, Any] = {}
+    table: dict[str, Any] = {}
     config_file = getattr(args, "config", None) or os.environ.get(ENV_PREFIX + "CONFIG")
     if config_file:
         path = Path(config_file)
         if not path.is_file():
             raise SystemExit(f"config file not found: {path}")
         data = tomllib.loads(path.read_text())
-        known = {f.name for f in fields(Settings)}
+        table = data.pop("kafka", {})
+        known = {f.name for f in _CLI_FIELDS}
         unknown = sorted(set(data) - known)
         if unknown:
             raise SystemExit(f"{path}: unknown settings {unknown}; known: {sorted(known)}")
+        if not isinstance(table, dict):
+            raise SystemExit(f"{path}: [kafka] must be a table of client properties")
         values.update(data)
-    for f in fields(Settings):
+    for f in _CLI_FIELDS:
         env = os.environ.get(ENV_PREFIX + f.name.upper())
         if env is not None:
             values[f.name] = _coerce(env, f.default)
     if os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
         values["bootstrap_servers"] = os.environ["KAFKA_BOOTSTRAP_SERVERS"]
     if args is not None:
-        for f in fields(Settings):
+        for f in _CLI_FIELDS:
             flag = getattr(args, f.name, None)
             if flag is not None:
                 values[f.name] = flag
     values.update(overrides)
-    return replace(settings, **values)
+    resolved = replace(settings, **values)
+    properties = {k: str(v) for k, v in table.items()}
+    if resolved.kafka_config:
+        properties.update(read_properties(Path(resolved.kafka_config)))
+    if "kafka_properties" in overrides:
+        properties.update(overrides["kafka_properties"])
+    bootstrap = resolved.bootstrap_servers or properties.get("bootstrap.servers", "")
+    properties.pop("bootstrap.servers", None)
+    return replace(resolved, bootstrap_servers=bootstrap, kafka_properties=properties)

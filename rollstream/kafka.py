@@ -23,21 +23,31 @@ from confluent_kafka import (
 
 from rollstream.codec import headers_for
 from rollstream.config import Settings
+from rollstream.kafka_errors import ErrorWatch
 
 log = logging.getLogger("rollstream.kafka")
 T = TypeVar("T")
 
 
 def process_id(settings: Settings, role: str) -> str:
-    """A stable id when configured (static membership, fast fencing on restart), else unique."""
+    """A stable id when configured (static membership, fast fencing on restart), else unique.
+    `role` starts with the topic prefix (`settings.topics.group(...)`): a principal's ACLs
+    cover the groups and transactional ids under its prefix only."""
     if settings.instance_id:
         return f"{role}.{settings.instance_id}"
     return f"{role}.{socket.gethostname()}.{os.getpid()}.{uuid.uuid4().hex[:6]}"
 
 
+def _watch(settings: Settings) -> ErrorWatch:
+    """The default error_cb: an unreachable broker is logged every few seconds, a refused
+    login stops the process (AccessDenied)."""
+    return ErrorWatch(settings.bootstrap_servers, stop_on_denied=True)
+
+
 def consumer(settings: Settings, group: str, **extra: Any) -> Consumer:
     conf: dict[str, Any] = {
         **settings.kafka(),
+        "error_cb": _watch(settings),
         "group.id": group,
         "isolation.level": "read_committed",
         "enable.auto.commit": False,
@@ -60,6 +70,7 @@ def consumer(settings: Settings, group: str, **extra: Any) -> Consumer:
 def producer(settings: Settings, transactional_id: str | None = None, **extra: Any) -> Producer:
     conf: dict[str, Any] = {
         **settings.kafka(),
+        "error_cb": _watch(settings),
         "linger.ms": 5,
         # Room for bursts (a stage emits between commits); memory is still capped by
         # queue.buffering.max.kbytes.
@@ -125,7 +136,8 @@ def reader(settings: Settings, partitions: list[TopicPartition], **extra: Any) -
     at its position); errors it reports meanwhile are not fatal, and readers skip them."""
     c = Consumer({
         **settings.kafka(),
-        "group.id": f"rollstream-reader-{uuid.uuid4().hex[:8]}",  # required, never joined
+        # Required though never joined; under the prefix, where its principal may use groups.
+        "group.id": f"{settings.prefix}.reader-{uuid.uuid4().hex[:8]}",
         "isolation.level": "read_committed",
         "enable.auto.commit": False,
         **extra,
@@ -183,8 +195,8 @@ def _high_watermarks(settings: Settings,
                      partitions: list[TopicPartition]) -> dict[tuple[str, int], int | None]:
     """Each partition's end counting unresolved transactions; None when the read starts at or
     past it (nothing to wait for)."""
-    probe = Consumer({**settings.kafka(), "group.id": f"rollstream-probe-{uuid.uuid4().hex[:8]}",
-                      "isolation.level": "read_uncommitted"})
+    probe = Consumer({**settings.kafka(), "isolation.level": "read_uncommitted",
+                      "group.id": f"{settings.prefix}.probe-{uuid.uuid4().hex[:8]}"})
     try:
         ends = {}
         for tp in partitions:

@@ -63,6 +63,7 @@ from rollstream.checkpoint import (
 from rollstream.codec import DecodeError, codec
 from rollstream.config import Settings, Topics
 from rollstream.events import DEAD_LETTER
+from rollstream.kafka_errors import raise_if_denied
 from rollstream.offsets import PartitionProgress, decode_done
 from rollstream.topics import record_limits
 
@@ -361,6 +362,7 @@ class StageRuntime:
         consumer error, a partition revoked meanwhile, or an event already done (skipped)."""
         err = msg.error()
         if err is not None:
+            raise_if_denied(err, self.settings.bootstrap_servers, f"topic {msg.topic()}")
             if fatal(err):
                 self._consumer_failed = err
             else:
@@ -598,6 +600,7 @@ class StageRuntime:
                                 on_revoke=self._on_revoke, on_lost=self._on_lost)
 
     def _on_error(self, err: KafkaError) -> None:
+        raise_if_denied(err, self.settings.bootstrap_servers)
         if fatal(err):
             self._consumer_failed = err
         else:  # the client reconnects by itself (a broker restarting, a leader moving)

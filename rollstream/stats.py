@@ -148,9 +148,12 @@ def build_app(settings: Settings, web_port: int, datadir: Path, partitions: int,
               web_host: str = "127.0.0.1") -> Any:
     import faust
 
+    from rollstream.security import faust_credentials
+
     app = faust.App(
         settings.topics.group(STATS),  # the app id is its consumer group
         broker=[f"kafka://{b}" for b in settings.bootstrap_servers.split(",")],
+        broker_credentials=faust_credentials(settings.kafka_properties),
         store="memory://",
         datadir=str(datadir),
         processing_guarantee="exactly_once",

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from rollstream.graph import GRAPH, Topic, Topics, partition_count
+from rollstream.kafka_errors import denied, problem
 from rollstream.wire import MAX_MESSAGE_BYTES
 
 __all__ = ["MAX_MESSAGE_BYTES", "TOPIC_SPECS", "create_topics", "delete_topics", "describe_topics"]
@@ -28,14 +30,22 @@ def record_limits(topics: Topics) -> dict[str, int]:
             - RECORD_OVERHEAD for spec in TOPIC_SPECS}
 
 
-def _admin(bootstrap: str) -> Any:
+# A broker address, or a whole client configuration (`Settings.kafka()`: SASL, TLS and the rest).
+KafkaConf = str | Mapping[str, Any]
+
+
+def client_conf(kafka: KafkaConf) -> dict[str, Any]:
+    return {"bootstrap.servers": kafka} if isinstance(kafka, str) else dict(kafka)
+
+
+def _admin(kafka: KafkaConf) -> Any:
     from confluent_kafka.admin import AdminClient
 
-    return AdminClient({"bootstrap.servers": bootstrap})
+    return AdminClient(client_conf(kafka))
 
 
 def create_topics(
-    bootstrap: str,
+    kafka: KafkaConf,
     prefix: str = "rollstream",
     partitions: int = 8,
     replication_factor: int = 1,
@@ -50,7 +60,7 @@ def create_topics(
     from confluent_kafka.admin import NewTopic
 
     topics = Topics(prefix)
-    admin = _admin(bootstrap)
+    admin = _admin(kafka)
     new = [
         NewTopic(
             spec.name(topics),
@@ -67,16 +77,21 @@ def create_topics(
         try:
             future.result()
         except KafkaException as exc:
-            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+            err = exc.args[0]
+            if denied(err):
+                raise problem(err, client_conf(kafka)["bootstrap.servers"], f"topic {name}"
+                              ) from None
+            if err.code() != KafkaError.TOPIC_ALREADY_EXISTS:
                 raise
         else:
             created.append(name)
-    meta = _wait_visible(admin, [spec.name(topics) for spec in TOPIC_SPECS], timeout)
+    meta = _wait_visible(kafka, admin, [spec.name(topics) for spec in TOPIC_SPECS], timeout)
     _check_copartitioned(meta, topics)
     return sorted(created)
 
 
-def _wait_visible(admin: Any, names: list[str], timeout: float) -> dict[str, Any]:
+def _wait_visible(kafka: KafkaConf, admin: Any, names: list[str], timeout: float
+                  ) -> dict[str, Any]:
     """The topics' metadata once every broker has every topic in names, with a leader for each
     partition.
 
@@ -88,7 +103,8 @@ def _wait_visible(admin: Any, names: list[str], timeout: float) -> dict[str, Any
     meta = _visible(admin, names, deadline, timeout)
     if len(meta.brokers) > 1:
         for broker in meta.brokers.values():
-            _visible(_admin(f"{broker.host}:{broker.port}"), names, deadline, timeout)
+            only = {**client_conf(kafka), "bootstrap.servers": f"{broker.host}:{broker.port}"}
+            _visible(_admin(only), names, deadline, timeout)
     return meta.topics
 
 
@@ -121,10 +137,10 @@ def _check_copartitioned(meta: dict[str, Any], topics: Topics) -> None:
         )
 
 
-def delete_topics(bootstrap: str, prefix: str, timeout: float = 60) -> list[str]:
+def delete_topics(kafka: KafkaConf, prefix: str, timeout: float = 60) -> list[str]:
     """Delete the topic graph under prefix (those that exist); returns the names deleted."""
     topics = Topics(prefix)
-    admin = _admin(bootstrap)
+    admin = _admin(kafka)
     existing = set(admin.list_topics(timeout=timeout).topics)
     names = [spec.name(topics) for spec in TOPIC_SPECS if spec.name(topics) in existing]
     if not names:
@@ -134,12 +150,13 @@ def delete_topics(bootstrap: str, prefix: str, timeout: float = 60) -> list[str]
     return names
 
 
-def describe_topics(bootstrap: str, prefix: str = "rollstream", timeout: float = 30) -> list[dict]:
+def describe_topics(kafka: KafkaConf, prefix: str = "rollstream", timeout: float = 30
+                    ) -> list[dict]:
     """The graph's topics as they are on the broker: name, partitions, and the configs we set."""
     from confluent_kafka.admin import ConfigResource
 
     topics = Topics(prefix)
-    admin = _admin(bootstrap)
+    admin = _admin(kafka)
     meta = admin.list_topics(timeout=timeout).topics
     rows: list[dict] = []
     present = [spec for spec in TOPIC_SPECS if spec.name(topics) in meta]

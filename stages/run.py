@@ -46,6 +46,7 @@ from rollstream.inference.client import (
     ServerUpdating,
     TextMismatch,
 )
+from rollstream.inference.detokenize import served_text
 from rollstream.inference.routing import Router
 from rollstream.runtime import EventContext, InvalidEvent, Output, Stage
 
@@ -293,11 +294,8 @@ class RunStage(Stage):
         sampled = completion.token_ids
         if completion.finish_reason == "stop" and sampled:
             sampled = sampled[:-1]  # the stop token, which `text` leaves out
-        expected = self.template.decode(sampled)
-        if completion.finish_reason == "length" and completion.text != expected:
-            # Cut inside a multi-byte character: vLLM's incremental detokenizer holds the
-            # partial bytes back where a plain decode writes U+FFFD.
-            expected = expected.rstrip("\ufffd")
+        # An output ending inside a multi-byte character: the server never writes that tail.
+        expected = served_text(self.template.decode, sampled)
         if completion.text != expected:
             raise TextMismatch(
                 f"{completion.server}: the completion's text is not the detokenization of "

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import os
 import socket
+import tempfile
 import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -20,6 +22,7 @@ import pytest
 from rollstream.broker import local
 from rollstream.config import Settings, Topics, load
 from rollstream.topics import create_topics, delete_topics
+from tests import vllm_server
 
 if TYPE_CHECKING:
     from testcontainers.core.container import DockerContainer
@@ -49,6 +52,9 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if reason is not None:  # one line, so a skipped Docker path is never silent
         terminalreporter.write_line(f"docker sandbox tests skipped: {reason} "
                                     "(`make deps` as root starts an engine)")
+    reason = vllm_server.impossible()
+    if reason is not None:
+        terminalreporter.write_line(f"real-vLLM tests skipped: {reason}")
 
 
 def _kafka_container() -> tuple[DockerContainer, str]:
@@ -114,6 +120,10 @@ def pytest_configure(config: pytest.Config) -> None:
     config.add_cleanup(stack.close)
     # Not KAFKA_BOOTSTRAP_SERVERS: the processes tests start must not inherit it.
     os.environ[SHARED_BOOTSTRAP_ENV] = stack.enter_context(_session_broker())
+    # The real vLLM server: a directory now, the server when a worker first needs it.
+    shared_vllm = tempfile.mkdtemp(prefix="rollstream-vllm-")
+    os.environ[vllm_server.SHARED_DIR_ENV] = shared_vllm
+    stack.callback(vllm_server.stop_shared, Path(shared_vllm))
 
 
 @pytest.fixture(scope="session")
@@ -123,6 +133,19 @@ def bootstrap() -> Iterator[str]:
     else:
         with _session_broker() as address:
             yield address
+
+
+@pytest.fixture(scope="session")
+def real_vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[vllm_server.RealVllm]:
+    """vLLM's CPU build serving the tiny local model (tests/vllm_server.py), one per session."""
+    reason = vllm_server.impossible()
+    if reason is not None:
+        pytest.skip(reason)
+    if os.environ.get(vllm_server.SHARED_DIR_ENV):
+        yield vllm_server.shared(Path(os.environ[vllm_server.SHARED_DIR_ENV]))
+    else:
+        with vllm_server.own(tmp_path_factory.mktemp("vllm")) as server:
+            yield server
 
 
 @pytest.fixture

@@ -60,11 +60,12 @@ def test_stages_ride_out_a_broker_restart(own_broker: str, tmp_path: Path) -> No
     procs = ProcessGroup(tmp_path / "logs")
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    common = ["--bootstrap-servers", own_broker, "--prefix", prefix, "--policy-url", url,
+    common = ["--bootstrap-servers", own_broker, "--prefix", prefix,
               "--commit-interval-ms", "100", "--drain-timeout", str(DRAIN_S)]
     server = procs.start("policy", "serve-policy", "--port", str(port))
     for name, stage in (("init", "init"), ("run", "run"), ("eval-a", "eval")):
-        procs.start(name, "stage", stage, *common)
+        procs.start(name, "stage", stage, *common,
+                    *(["--policy-url", url] if stage == "run" else []))
     procs.start("eval-b", "stage", "eval", *common, "--instance-id", "b")  # static member
     stages = ["init", "run", "eval-a", "eval-b"]
     wait_http(f"{url}/health", proc=server, timeout=120)

@@ -54,3 +54,58 @@ def test_loading_settings_never_starts_a_broker(
     assert local.with_broker(settings).bootstrap_servers == "127.0.0.1:1" and started == ["start"]
     assert local.with_broker(config.load(parse(["--bootstrap-servers", "h:1"]))) \
         .bootstrap_servers == "h:1" and started == ["start"]
+
+
+def test_kafka_client_properties_from_file_and_toml_table(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KAFKA_BOOTSTRAP_SERVERS", raising=False)
+    props = tmp_path / "client.properties"
+    # Java properties syntax as Kafka's tools read it: comments, `:` separators, continuations.
+    props.write_text("# Confluent Cloud\n! another comment\nbootstrap.servers=pkc-1.example:9092\n"
+                     "security.protocol : SASL_SSL\nsasl.mechanism=PLAIN\n"
+                     "sasl.username=KEY\nsasl.password=se\\\n    cret\n")
+    toml = tmp_path / "rs.toml"
+    toml.write_text('prefix = "p"\n[kafka]\n"sasl.mechanism" = "SCRAM-SHA-512"\n'
+                    '"client.id" = "from-toml"\n')
+    settings = config.load(parse(["--config", str(toml), "--kafka-config", str(props)]))
+    conf = settings.kafka()
+    assert conf["bootstrap.servers"] == "pkc-1.example:9092"  # from the file
+    assert conf["security.protocol"] == "SASL_SSL" and conf["sasl.password"] == "secret"
+    assert conf["sasl.mechanism"] == "PLAIN"  # the file beats the [kafka] table
+    assert conf["client.id"] == "from-toml"
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "env:1")
+    monkeypatch.setenv("ROLLSTREAM_KAFKA_CONFIG", str(props))
+    assert config.load(parse([])).kafka()["bootstrap.servers"] == "env:1"  # the address wins
+    assert config.load(parse([])).kafka()["sasl.username"] == "KEY"  # the env names the file
+    shown = config.redacted(conf)
+    assert shown["sasl.password"] == "[redacted]" and shown["sasl.username"] == "KEY"
+    assert "secret" not in repr(settings)
+
+
+def test_missing_properties_file_is_named(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match="properties file not found"):
+        config.load(parse(["--kafka-config", str(tmp_path / "none.properties")]))
+
+
+def test_a_command_offers_only_its_components_flags() -> None:
+    parser = argparse.ArgumentParser()
+    config.add_arguments(parser, "kafka", "sandbox")
+    args = parser.parse_args(["--prefix", "x", "--sandbox", "docker"])
+    assert config.load(args).sandbox_settings().backend == "docker"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--tokenizer-path", "x"])
+    with pytest.raises(ValueError, match="unknown setting groups"):
+        config.add_arguments(argparse.ArgumentParser(), "nope")
+
+
+def test_sandbox_settings_come_through_the_one_loader(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from rollstream.sandbox import settings as sandbox
+
+    monkeypatch.setenv("ROLLSTREAM_SANDBOX_ROOT", str(tmp_path))
+    assert sandbox.current().root == str(tmp_path)  # the environment, unconfigured
+    sandbox.configure(sandbox.SandboxSettings(backend="bwrap", root="/elsewhere"))
+    try:
+        assert sandbox.current().root == "/elsewhere"  # what the process configured
+    finally:
+        sandbox.configure(None)

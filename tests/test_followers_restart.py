@@ -62,9 +62,10 @@ def test_controller_and_admission_follow_new_versions_across_a_broker_restart(
         save(build_model(seed=version), checkpoints[-1], version=version)
     procs = ProcessGroup(tmp_path / "logs")
     with BackgroundServer() as server:
-        common = ["--bootstrap-servers", own_broker, "--prefix", prefix, "--policy-url", server]
+        common = ["--bootstrap-servers", own_broker, "--prefix", prefix]
         names = ["controller", "init", "bridge"]
-        procs.start("controller", "controller", *common, "--health-interval-s", "0.5")
+        procs.start("controller", "controller", *common, "--policy-url", server,
+                    "--health-interval-s", "0.5")
         procs.start("init", "stage", "init", *common, "--admission-window", str(WINDOW))
         procs.start("bridge", "bridge", *common)
         try:

@@ -55,15 +55,21 @@ def test_stage_ready_after_assignment_and_unready_when_fenced(
         procs.start("first", *args)
         first = port_of(procs, tmp_path / "first.log")
         assert probe(first, "/health") == (200, "ok\n")
+        deadline = time.monotonic() + 60
+        while "kafka" not in (components := json.loads(probe(first, "/ready")[1])["components"]) \
+                or components["kafka"] != "ready":  # the broker reached first
+            assert time.monotonic() < deadline, components
+            time.sleep(0.1)
         status, body = probe(first, "/ready")
         assert status == 503
         assert json.loads(body)["components"] == {
-            "stage eval": f"not ready: joining group {prefix}.eval"}
+            "kafka": "ready", "stage eval": f"not ready: joining group {prefix}.eval"}
         assert "rollstream_events_consumed_total" in probe(first, "/metrics")[1]
 
         create_topics(bootstrap, prefix, partitions=2)
         body = wait_status(procs, first, 200)
-        assert json.loads(body) == {"ready": True, "components": {"stage eval": "ready"}}
+        assert json.loads(body) == {"ready": True,
+                                    "components": {"kafka": "ready", "stage eval": "ready"}}
 
         # A second process with the same --instance-id: the broker fences one of the two.
         procs.start("second", *args)
@@ -92,10 +98,11 @@ def test_every_other_service_is_ready_once_it_reads(settings: Settings, tmp_path
     procs = ProcessGroup(tmp_path)
     # (process, its command, the readiness components it reports)
     services = [
-        ("bridge", ["bridge"], {"bridge": "ready"}),
-        ("train", ["train", "--checkpoint-dir", str(tmp_path / "ckpt")], {"bridge": "ready"}),
+        ("bridge", ["bridge"], {"kafka": "ready", "bridge": "ready"}),
+        ("train", ["train", "--checkpoint-dir", str(tmp_path / "ckpt")],
+         {"kafka": "ready", "bridge": "ready"}),
         ("controller", ["controller", "--policy-url", "http://127.0.0.1:9"],
-         {"controller": "ready"}),
+         {"kafka": "ready", "controller": "ready"}),
         ("stats", ["stats", "--web-port", str(free_port()), "--datadir", str(tmp_path / "stats")],
          {"stats": "ready"}),
         ("status", ["status", "--watch", "--json", "--interval", "1"], {"status": "ready"}),

@@ -129,8 +129,7 @@ def run(bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ru
     try:
         assert cli(["schemas", "export", str(tmp / "schemas")]) == 0
         url = f"http://127.0.0.1:{free_port()}"
-        common = ["--bootstrap-servers", bootstrap, "--prefix", prefix, "--policy-url", url,
-                  "--commit-interval-ms", "100"]
+        common = ["--bootstrap-servers", bootstrap, "--prefix", prefix]
         # The server loads while every input is written; the stages start once it answers.
         server = procs.start("policy", "serve-policy", "--port", url.rsplit(":", 1)[1])
         ours = tasks()
@@ -156,7 +155,8 @@ def run(bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ru
 
         wait_http(f"{url}/health", proc=server, timeout=180)
         for stage in ("init", "run", "eval"):
-            procs.start(stage, "stage", stage, *common)
+            procs.start(stage, "stage", stage, *common, "--commit-interval-ms", "100",
+                        *(["--policy-url", url] if stage == "run" else []))
         procs.start("train", "train", *common, "--checkpoint-dir", str(tmp / "ckpt"),
                     "--groups-per-batch", "2", "--keep-zero-variance")
 

@@ -93,11 +93,12 @@ def test_a_caught_up_pipeline_neither_activates_nor_scales_a_stage(
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     common = ["--bootstrap-servers", settings.bootstrap_servers, "--prefix", settings.prefix,
-              "--policy-url", url, "--commit-interval-ms", "100"]
+              "--commit-interval-ms", "100"]
     try:
         server = procs.start("policy", "serve-policy", "--port", str(port))
         for stage in STAGES:
-            procs.start(stage, "stage", stage, *common)
+            procs.start(stage, "stage", stage, *common,
+                        *(["--policy-url", url] if stage == "run" else []))
         wait_http(f"{url}/health", proc=server, timeout=120)
         tasks = [validate_task({"task_id": f"k{i}", "env": "arithmetic", "prompt": f"{i}+1=",
                                 "data": {"answer": str(i + 1)}, "group_size": 2})

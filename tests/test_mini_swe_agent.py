@@ -69,8 +69,8 @@ class Pipeline:
                                    for s in mini_swe_agent.gold_scripts(tasks)))
         port = free_port()
         self.common = ["--bootstrap-servers", settings.bootstrap_servers,
-                       "--prefix", settings.prefix, "--policy-url", f"http://127.0.0.1:{port}",
-                       "--commit-interval-ms", "100"]
+                       "--prefix", settings.prefix, "--commit-interval-ms", "100"]
+        self.policy = ["--policy-url", f"http://127.0.0.1:{port}"]
         self.run_env = {"PATH": f"{HARNESS_BIN}:{os.environ['PATH']}"}
         server = self.procs.start("policy", "serve-scripted", "--script", str(scripts),
                                   "--port", str(port))
@@ -82,7 +82,7 @@ class Pipeline:
 
     def start_run(self, name: str) -> None:
         # A few harnesses at a time: each mini-swe-agent start costs seconds of CPU.
-        self.procs.start(name, "stage", "run", *self.common, "--max-in-flight", "4",
+        self.procs.start(name, "stage", "run", *self.common, *self.policy, "--max-in-flight", "4",
                          env=self.run_env)
 
     def wait_scored(self) -> list[dict]:

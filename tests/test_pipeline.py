@@ -58,14 +58,15 @@ def pipeline(settings: Settings, tmp_path: Path):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     common = ["--bootstrap-servers", settings.bootstrap_servers, "--prefix", settings.prefix,
-              "--policy-url", url, "--commit-interval-ms", "100"]
+              "--commit-interval-ms", "100"]
+    run = [*common, "--policy-url", url]
     server = procs.start("policy", "serve-policy", "--port", str(port))
     procs.start("init", "stage", "init", *common)
     procs.start("eval", "stage", "eval", *common)
-    procs.start("run-a", "stage", "run", *common)
-    procs.start("run-b", "stage", "run", *common)
+    procs.start("run-a", "stage", "run", *run)
+    procs.start("run-b", "stage", "run", *run)
     wait_http(f"{url}/health", proc=server, timeout=120)
-    yield procs, common
+    yield procs, run
     procs.stop_all()
 
 

@@ -34,11 +34,12 @@ def start_pipeline(settings: Settings, procs: ProcessGroup, workdir: Path,
     """Policy server, INIT, RUN, EVAL and the trainer, each stage serving /metrics on its port
     in `ports`; publishes TASKS tasks. Returns the policy server's URL."""
     url = f"http://127.0.0.1:{free_port()}"
-    common = ["--bootstrap-servers", settings.bootstrap_servers, "--prefix", settings.prefix,
-              "--policy-url", url, "--commit-interval-ms", "100"]
+    common = ["--bootstrap-servers", settings.bootstrap_servers, "--prefix", settings.prefix]
     server = procs.start("policy", "serve-policy", "--port", url.rsplit(":", 1)[1])
     for stage in ("init", "run", "eval"):
-        procs.start(stage, "stage", stage, *common, "--metrics-port", str(ports[stage]))
+        procs.start(stage, "stage", stage, *common, "--commit-interval-ms", "100",
+                    *(["--policy-url", url] if stage == "run" else []),
+                    "--metrics-port", str(ports[stage]))
     procs.start("train", "train", *common, "--checkpoint-dir", str(workdir / "ckpt"),
                 "--groups-per-batch", "2", "--metrics-port", str(ports["train"]))
     wait_http(f"{url}/health", proc=server, timeout=120)

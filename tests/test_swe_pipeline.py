@@ -53,11 +53,12 @@ def run_pipeline(settings: Settings, logs: Path, policy: list[str],
     procs = ProcessGroup(logs)
     port = free_port()
     common = ["--bootstrap-servers", settings.bootstrap_servers, "--prefix", settings.prefix,
-              "--policy-url", f"http://127.0.0.1:{port}", "--commit-interval-ms", "100"]
+              "--commit-interval-ms", "100"]
     try:
         server = procs.start("policy", *policy, "--port", str(port))
         for stage in ("init", "run", "eval"):
-            procs.start(stage, "stage", stage, *common)
+            procs.start(stage, "stage", stage, *common,
+                        *(["--policy-url", f"http://127.0.0.1:{port}"] if stage == "run" else []))
         wait_http(f"http://127.0.0.1:{port}/health", proc=server, timeout=120)
         publish(settings, tasks)
         deadline = time.monotonic() + 240

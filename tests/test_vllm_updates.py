@@ -1,4 +1,4 @@
-"""Weight updates against servers that behave like vLLM 0.12 and 0.33 (tests/vllm_standins.py,
+"""Weight updates against servers that behave like vLLM 0.12, 0.32 and 0.33 (tests/vllm_standins.py,
 from each release's source), and RUN riding out the update window without an infra failure."""
 
 from __future__ import annotations
@@ -124,6 +124,36 @@ def test_reload_mid_run_reaches_0_12_and_0_33_with_no_infra_failure(
         f'collective_rpc {json.dumps({"kwargs": {"weights_path": str(path)}, "method": "reload_weights"}, sort_keys=True)}',  # noqa: E501
         "reset_prefix_cache", "weight_version 1", "resume"]
     assert new.rejected == 0
+
+
+def test_0_32_turns_are_stamped_from_the_weight_label_read_around_them(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # vLLM 0.32: labels but none on responses. Turns get the label read before and after
+    # them; a turn that straddles the update is sampled again, never stamped with a guess.
+    monkeypatch.setattr("stages.run.RETRY_DELAYS_S", (0.05, 0.05))
+    path = checkpoint(tmp_path / "policy.safetensors", 0)
+    server = VllmStandIn("0.32.0", path, reload_delay_s=1.0)
+    applied: list = []
+    with standins(server) as [url]:
+
+        async def update(stage: object, finished: int) -> None:
+            if finished == 1:
+                applied.extend(await apply_policy(event(0, str(path)), [url]))
+            if finished == 6:
+                applied.extend(await apply_policy(event(1, str(checkpoint(
+                    tmp_path / "v1.safetensors", 1))), [url]))
+
+        trajectories, _ = asyncio.run(play(run_settings([url]), guess_episodes(24, max_turns=4),
+                                           concurrency=8, after_each=update))
+        [after] = versions([url])
+    assert [r.ok for r in applied] == [True, True] and after == 1
+    assert [t["termination"] for t in trajectories if t["termination"] == "INFRA_ERROR"] == []
+    stamped = [turn["policy_version"] for t in trajectories for turn in t["turns"]]
+    assert set(stamped) <= {UNKNOWN_VERSION, 0, 1} and 1 in stamped
+    assert server.calls[-5:] == [
+        "pause {'mode': 'keep'}",
+        f'collective_rpc {json.dumps({"kwargs": {"weights_path": str(tmp_path / "v1.safetensors")}, "method": "reload_weights"}, sort_keys=True)}',  # noqa: E501
+        "reset_prefix_cache", "weight_version 1", "resume"]
 
 
 def test_0_12_refuses_a_checkpoint_outside_its_launch_path_before_pausing(

@@ -1,5 +1,5 @@
-"""Stand-ins for vLLM 0.12 and 0.33 servers (no GPU here), as far as RUN and the controller see
-them. Tokens come from the embedded policy's engine; the control plane follows each release's
+"""Stand-ins for vLLM 0.12, 0.32 and 0.33 servers (no GPU here), as far as RUN and the controller
+see them. Tokens come from the embedded policy's engine; the control plane follows each release's
 source (read from the released wheels):
 
 - both: `GET /version` → {"version": "0.12.0" | "0.33.0"}; `/v1/models` cards `owned_by: vllm`
@@ -18,6 +18,9 @@ source (read from the released wheels):
   "default", `POST /update_weight_version {"new_version": str}`, `GET /weight_info` →
   {"weight_version": label}, and `return_weight_versions: true` adds
   `choices[].weight_versions: [{"version", "start", "end"}]`.
+- 0.32 (checked against the real CPU build, tests/test_vllm_real.py): 0.33's control plane
+  (pause modes, `reload_weights(weights_path=...)`, the weight label routes) but no
+  `choices[].weight_versions` on /v1/completions.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ PAUSED_503 = "Generation is paused. Please retry after it resumes."
 class VllmStandIn:
     def __init__(self, release: str, model_path: Path, *, reload_delay_s: float = 0.0,
                  middleware: bool = True) -> None:
-        assert release in ("0.12.0", "0.33.0")
+        assert release in ("0.12.0", "0.32.0", "0.33.0")
         self.release = release
         self.root = str(model_path)
         model, version = load(model_path)
@@ -119,7 +122,7 @@ class VllmStandIn:
         if self.middleware and self.stamp is not None:
             headers[POLICY_VERSION_HEADER] = str(self.stamp)
         for choice in data["choices"]:
-            if not self.legacy and body.get("return_weight_versions"):
+            if self.release == "0.33.0" and body.get("return_weight_versions"):
                 n = len(choice["token_ids"] or [])
                 choice["weight_versions"] = [{"version": self.label, "start": 0, "end": n}]
         return web.json_response(data, headers=headers)  # vLLM sends no version header

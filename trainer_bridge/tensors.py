@@ -35,7 +35,9 @@ class TensorBatch:
         return int(self.loss_mask.sum())
 
 
-def _columns(sample: Sample) -> tuple[np.ndarray, ...]:
+def columns(sample: Sample) -> tuple[np.ndarray, ...]:
+    """(ids, sampled mask, logprobs, versions) over the sample's whole sequence, turn after turn:
+    the form every trainer adapter starts from."""
     parts_ids, parts_mask, parts_lp, parts_ver = [], [], [], []
     for turn in sample.scored["trajectory"]["turns"]:
         prompt = unpack_ids(turn["prompt_ids"])
@@ -52,10 +54,10 @@ def to_tensors(samples: list[Sample], pack_to: int | None = None) -> TensorBatch
     """One row per sample (right-padded), or with `pack_to`, samples packed first-fit into rows
     of at most that many tokens (position_ids restart per sample; sequence_ids tell them apart)."""
     rows: list[list[int]] = [[i] for i in range(len(samples))]
-    columns = [_columns(s) for s in samples]
+    cols = [columns(s) for s in samples]
     if pack_to is not None:
-        rows = _pack([len(c[0]) for c in columns], pack_to)
-    width = max((sum(len(columns[i][0]) for i in row) for row in rows), default=0)
+        rows = _pack([len(c[0]) for c in cols], pack_to)
+    width = max((sum(len(cols[i][0]) for i in row) for row in rows), default=0)
     shape = (len(rows), width)
     out = {
         "input_ids": np.full(shape, PAD_ID, np.int64),
@@ -70,7 +72,7 @@ def to_tensors(samples: list[Sample], pack_to: int | None = None) -> TensorBatch
     for r, row in enumerate(rows):
         at = 0
         for i in row:
-            ids, mask, lp, ver = columns[i]
+            ids, mask, lp, ver = cols[i]
             end = at + len(ids)
             out["input_ids"][r, at:end] = ids
             out["attention_mask"][r, at:end] = True

@@ -98,23 +98,19 @@ def _node(st: dict[str, Any], node: int) -> dict[str, Any]:
 def _write_config(st: dict[str, Any], node: int) -> Path:
     me = _node(st, node)
     voters = ",".join(f"{n['id']}@{HOST}:{n['controller_port']}" for n in st["nodes"])
-    settings = {**local.BROKER_SETTINGS, **CLUSTER_SETTINGS}
+    settings = {**local.BROKER_SETTINGS, **CLUSTER_SETTINGS, **local.security_settings()}
     lines = [
         "# Written by rollstream.broker.cluster at every start.",
         "process.roles=broker,controller",
         f"node.id={node}",
         f"controller.quorum.voters={voters}",
-        f"listeners=PLAINTEXT://{HOST}:{me['port']},CONTROLLER://{HOST}:{me['controller_port']}",
-        f"advertised.listeners=PLAINTEXT://{HOST}:{me['port']},"
-        f"CONTROLLER://{HOST}:{me['controller_port']}",
-        "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
-        "controller.listener.names=CONTROLLER",
-        "inter.broker.listener.name=PLAINTEXT",
+        *local.listener_lines(me["port"], me["controller_port"]),
         f"log.dirs={node_dir(node) / 'data'}",
         *(f"{k}={v}" for k, v in settings.items()),
     ]
     path = node_dir(node) / "server.properties"
     path.write_text("\n".join(lines) + "\n")
+    path.chmod(0o600)  # a secured cluster's holds the admin's password
     return path
 
 
@@ -173,6 +169,9 @@ def start(nodes: int = 3, timeout: float = 120) -> str:
         start_node(n["id"])
     bootstrap = bootstrap_of(st)
     wait_ready(bootstrap, nodes, timeout)
+    material = local.security()
+    if material is not None:
+        material.write_admin_properties(bootstrap)
     return bootstrap
 
 
@@ -184,7 +183,7 @@ def _format_async(st: dict[str, Any], node: int) -> subprocess.Popen[str] | None
     return subprocess.Popen(
         [local._java(), "-Xmx256m", "-cp", local._classpath(), "kafka.tools.StorageTool",
          "format", f"--cluster-id={st['cluster_id']}", "-c", str(config),
-         "--ignore-formatted"],
+         "--ignore-formatted", *local.format_args()],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -195,7 +194,7 @@ def brokers(bootstrap: str, timeout: float = 5.0) -> set[int]:
 
     if not any(local._tcp_open(address, 0.5) for address in bootstrap.split(",")):
         return set()  # nobody listens yet: no client, so no "connection refused" log lines
-    admin = AdminClient({"bootstrap.servers": bootstrap, "log.connection.close": False,
+    admin = AdminClient({**local.admin_conf(bootstrap), "log.connection.close": False,
                          "log_level": 0})
     try:
         return set(admin.list_topics(timeout=timeout).brokers)
@@ -252,7 +251,7 @@ def partition_leader(bootstrap: str, topic: str, partition: int = 0,
     """The broker id leading `topic`'s partition now."""
     from confluent_kafka.admin import AdminClient
 
-    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+    admin = AdminClient({**local.admin_conf(bootstrap), "log_level": 0})
     return int(admin.list_topics(topic, timeout=timeout).topics[topic].partitions[partition].leader)
 
 

@@ -32,6 +32,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from rollstream.broker import secure
 from rollstream.config import Settings
 from rollstream.wire import MAX_MESSAGE_BYTES
 
@@ -103,9 +104,36 @@ def project_root() -> Path:
     return Path.cwd()
 
 
-def home() -> Path:
+def base_home() -> Path:
     env = os.environ.get(HOME_ENV)
     return Path(env).expanduser().resolve() if env else project_root() / ".rollstream"
+
+
+# While set (`secured()`), this module and cluster.py manage the secured broker, which lives in
+# a home of its own beside the plain one's: both can run at once.
+_secure_home: Path | None = None
+
+
+@contextlib.contextmanager
+def secured() -> Iterator[secure.Material]:
+    """Within: start, stop, status and the cluster act on the secured bundled broker
+    (rollstream/broker/secure.py), whose home is `secure/` under the plain one's."""
+    global _secure_home
+    before = _secure_home
+    _secure_home = base_home() / "secure"
+    try:
+        yield security() or secure.material(_secure_home / "tls")
+    finally:
+        _secure_home = before
+
+
+def security() -> secure.Material | None:
+    """The secured broker's certificates and credentials, within `secured()`; else None."""
+    return secure.material(_secure_home / "tls") if _secure_home is not None else None
+
+
+def home() -> Path:
+    return _secure_home or base_home()
 
 
 def kafka_dir() -> Path:
@@ -113,7 +141,38 @@ def kafka_dir() -> Path:
 
 
 def libs_dir() -> Path:
-    return kafka_dir() / "libs"
+    return base_home() / "kafka" / "libs"  # one set of jars for every broker
+
+
+def admin_conf(bootstrap: str) -> dict[str, Any]:
+    """The client configuration that reaches a bundled broker as its administrator."""
+    material = security()
+    return {"bootstrap.servers": bootstrap} if material is None \
+        else material.admin_conf(bootstrap)
+
+
+def listener_lines(port: int, controller_port: int) -> list[str]:
+    """A node's listeners: plaintext on loopback, or the secured broker's."""
+    material = security()
+    if material is not None:
+        return material.listener_lines(port, controller_port, HOST)
+    return [
+        f"listeners=PLAINTEXT://{HOST}:{port},CONTROLLER://{HOST}:{controller_port}",
+        f"advertised.listeners=PLAINTEXT://{HOST}:{port},CONTROLLER://{HOST}:{controller_port}",
+        "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        "controller.listener.names=CONTROLLER",
+        "inter.broker.listener.name=PLAINTEXT",
+    ]
+
+
+def security_settings() -> dict[str, str]:
+    material = security()
+    return {} if material is None else material.broker_settings()
+
+
+def format_args() -> list[str]:
+    material = security()
+    return [] if material is None else material.format_args()
 
 
 def log_path() -> Path:
@@ -298,16 +357,13 @@ def _write_config(state: dict[str, Any]) -> Path:
         "process.roles=broker,controller",
         "node.id=1",
         f"controller.quorum.bootstrap.servers={HOST}:{cport}",
-        f"listeners=PLAINTEXT://{HOST}:{port},CONTROLLER://{HOST}:{cport}",
-        f"advertised.listeners=PLAINTEXT://{HOST}:{port},CONTROLLER://{HOST}:{cport}",
-        "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
-        "controller.listener.names=CONTROLLER",
-        "inter.broker.listener.name=PLAINTEXT",
+        *listener_lines(port, cport),
         f"log.dirs={_data_dir()}",
-        *(f"{k}={v}" for k, v in BROKER_SETTINGS.items()),
+        *(f"{k}={v}" for k, v in {**BROKER_SETTINGS, **security_settings()}.items()),
     ]
     path = _config_path()
     path.write_text("\n".join(lines) + "\n")
+    path.chmod(0o600)  # a secured broker's holds the admin's password
     return path
 
 
@@ -340,7 +396,7 @@ def format_storage(data_dir: Path, cluster_id: str, config: Path, standalone: bo
     cmd = [
         _java(), "-Xmx256m", "-cp", _classpath(), "kafka.tools.StorageTool", "format",
         *(["--standalone"] if standalone else []), f"--cluster-id={cluster_id}", "-c", str(config),
-        "--ignore-formatted",
+        "--ignore-formatted", *format_args(),
     ]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     if proc.returncode != 0:
@@ -406,7 +462,7 @@ def _tcp_open(bootstrap: str, timeout: float = 1.0) -> bool:
         return False
 
 
-def answers(bootstrap: str, timeout: float = 5.0) -> bool:
+def answers(bootstrap: str, timeout: float = 5.0, conf: dict[str, Any] | None = None) -> bool:
     """Does a Kafka broker at bootstrap answer a metadata request within timeout?"""
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient
@@ -414,7 +470,7 @@ def answers(bootstrap: str, timeout: float = 5.0) -> bool:
     # Probe the port first: librdkafka would log a "Connection refused" line per retry otherwise.
     if not _tcp_open(bootstrap, timeout=min(timeout, 1.0)):
         return False
-    admin = AdminClient({"bootstrap.servers": bootstrap, "log.connection.close": False})
+    admin = AdminClient({**(conf or admin_conf(bootstrap)), "log.connection.close": False})
     try:
         admin.list_topics(timeout=timeout)
     except KafkaException:
@@ -422,7 +478,8 @@ def answers(bootstrap: str, timeout: float = 5.0) -> bool:
     return True
 
 
-def wait_ready(bootstrap: str, timeout: float = 90.0, pid: int | None = None) -> None:
+def wait_ready(bootstrap: str, timeout: float = 90.0, pid: int | None = None,
+               conf: dict[str, Any] | None = None) -> None:
     """Block until the broker at bootstrap answers; raise BrokerError (with the log) otherwise."""
     deadline = time.monotonic() + timeout
     while True:
@@ -437,7 +494,7 @@ def wait_ready(bootstrap: str, timeout: float = 90.0, pid: int | None = None) ->
                 f"the Kafka broker at {bootstrap} did not answer within {timeout:.0f} s; last "
                 f"lines of {log_path()}:\n{log_tail()}"
             )
-        if answers(bootstrap, timeout=max(0.5, min(5.0, remaining))):
+        if answers(bootstrap, timeout=max(0.5, min(5.0, remaining)), conf=conf):
             return
         time.sleep(0.2)
 
@@ -471,6 +528,9 @@ def start(timeout: float = 90) -> str:
         except BrokerError:
             _stop_pid(pid, timeout=10)
             raise
+        material = security()
+        if material is not None:
+            material.write_admin_properties(bootstrap)
         return bootstrap
 
 

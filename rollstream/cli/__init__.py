@@ -4,8 +4,10 @@ this package (`python -m rollstream.cli` runs it too)."""
 from __future__ import annotations
 
 import argparse
+import sys
 
 from rollstream.cli import (
+    acl,
     broker,
     controller,
     demo,
@@ -30,6 +32,7 @@ from rollstream.cli import (
 # Heavy imports (torch, aiohttp) stay inside the commands so `rollstream --help` is instant.
 FEATURE_MODULES = [
     broker,
+    acl,
     topics,
     schemas,
     stage,
@@ -61,5 +64,36 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command. A Kafka failure ends it with one line naming the cause and an exit code
+    (rollstream.kafka_errors), never a traceback."""
+    from confluent_kafka import KafkaException
+
+    from rollstream.broker.local import BrokerError
+    from rollstream.kafka_errors import AccessDenied, KafkaProblem, problem
+
     args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except KafkaProblem as exc:
+        return _fail(str(exc), exc.exit_code)
+    except AccessDenied as exc:
+        return _fail(exc.message, int(exc.code or 1))
+    except KafkaException as exc:
+        found = problem(exc.args[0], _bootstrap(args))
+        return _fail(str(found), found.exit_code)
+    except BrokerError as exc:
+        return _fail(str(exc), 1)
+
+
+def _bootstrap(args: argparse.Namespace) -> str:
+    from rollstream import config
+
+    try:
+        return config.load(args).bootstrap_servers or "the broker"
+    except (SystemExit, OSError, ValueError):
+        return "the broker"
+
+
+def _fail(message: str, code: int) -> int:
+    print(f"rollstream: {message}", file=sys.stderr)
+    return code

@@ -4,11 +4,29 @@ local cluster with `start --nodes 3`)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from rollstream.broker import cluster, local
+
+
+def _on_chosen_broker(command: Callable[[argparse.Namespace], int]
+                      ) -> Callable[[argparse.Namespace], int]:
+    """`command` on the secured broker with --secure, else on the plain one."""
+    def run(args: argparse.Namespace) -> int:
+        with local.secured() if args.secure else contextlib.nullcontext():
+            return command(args)
+    return run
+
+
+def _secured_note() -> None:
+    material = local.security()
+    if material is not None:
+        print(f"SASL_SSL ({material.admin_properties.name}: the admin super user's client "
+              f"properties for --kafka-config): {material.admin_properties}", file=sys.stderr)
 
 
 def _start(args: argparse.Namespace) -> int:
@@ -29,6 +47,7 @@ def _start(args: argparse.Namespace) -> int:
         f"ready after {time.monotonic() - t0:.1f} s); log: {st['log']}",
         file=sys.stderr,
     )
+    _secured_note()
     return 0
 
 
@@ -44,6 +63,7 @@ def _start_cluster(args: argparse.Namespace, t0: float) -> int:
         f"(ready after {time.monotonic() - t0:.1f} s); logs: {cluster.cluster_dir()}/node*/",
         file=sys.stderr,
     )
+    _secured_note()
     return 0
 
 
@@ -119,18 +139,21 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
         "replicated (for failover tests and benchmarks; create topics with "
         "`rollstream topics create --replication-factor 3`); prints the bootstrap list",
     )
-    p.set_defaults(func=_start)
+    _secure_flag(p)
+    p.set_defaults(func=_on_chosen_broker(_start))
 
     p = commands.add_parser(
         "stop", help="stop the broker and the local cluster's nodes (SIGTERM, then SIGKILL)")
     p.add_argument("--timeout", type=float, default=30, help="seconds before SIGKILL (default 30)")
-    p.set_defaults(func=_stop)
+    _secure_flag(p)
+    p.set_defaults(func=_on_chosen_broker(_stop))
 
     p = commands.add_parser(
         "status",
         help="show whether the broker runs, where, and its log (exit 0 running, 3 not)",
     )
-    p.set_defaults(func=_status)
+    _secure_flag(p)
+    p.set_defaults(func=_on_chosen_broker(_status))
 
     p = commands.add_parser(
         "fetch",
@@ -138,3 +161,12 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--force", action="store_true", help="download again even if present")
     p.set_defaults(func=_fetch)
+
+
+def _secure_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--secure", action="store_true",
+        help="the secured broker (its own home and ports, beside the plain one): SASL_SSL with "
+        "SCRAM-SHA-512, a locally made CA, the StandardAuthorizer denying what no ACL allows, "
+        "one super user `admin` whose client properties start writes to admin.properties; "
+        "grant other principals prefixed ACLs with `rollstream acl`")

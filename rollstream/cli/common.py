@@ -9,16 +9,45 @@ import contextlib
 import logging
 import signal
 from collections.abc import Callable, Coroutine
+from dataclasses import replace
 from typing import Any
 
-from rollstream import config, metrics
-from rollstream.broker import with_broker
+from rollstream import config, health, metrics
 from rollstream.config import Settings
+from rollstream.kafka_errors import (
+    EX_CONFIG,
+    EX_NOPERM,
+    AccessDenied,
+    KafkaProblem,
+    check_broker,
+)
+
+NO_BROKER = ("no Kafka broker is configured: name one with --bootstrap-servers HOST:PORT, "
+             "KAFKA_BOOTSTRAP_SERVERS, or bootstrap.servers in a client properties file "
+             "(--kafka-config FILE, ROLLSTREAM_KAFKA_CONFIG); `--bootstrap-servers local` "
+             "starts the bundled broker")
 
 
-def settings(args: argparse.Namespace) -> Settings:
-    """The command's settings, resolved as `config.load` does, with a broker to talk to."""
-    return with_broker(config.load(args))
+def broker_settings(args: argparse.Namespace) -> Settings:
+    """The command's settings with a broker named: `local` starts the bundled one (a broker is
+    never started unasked: a mistyped variable must not give an empty private one)."""
+    from rollstream.broker import local
+
+    resolved = config.load(args)
+    if not resolved.bootstrap_servers:
+        raise KafkaProblem(NO_BROKER, EX_CONFIG)
+    if resolved.bootstrap_servers == "local":
+        resolved = replace(resolved, bootstrap_servers=local.start())
+    return resolved
+
+
+def settings(args: argparse.Namespace, *topics: str) -> Settings:
+    """A one-shot command's settings, once the broker answered within --timeout with these
+    credentials (and shows the named topics, suffixes of the prefix's graph)."""
+    resolved = broker_settings(args)
+    names = tuple(getattr(resolved.topics, t.replace("-", "_")) for t in topics)
+    check_broker(resolved.kafka(), resolved.timeout_s, names)
+    return resolved
 
 
 def log_to_stderr() -> None:
@@ -28,11 +57,34 @@ def log_to_stderr() -> None:
 
 def start_service(args: argparse.Namespace) -> Settings:
     """A long-running process's start: logs to stderr, its settings, /metrics, /health and
-    /ready (on by default: see rollstream.metrics)."""
+    /ready (on by default: see rollstream.metrics), and the broker reached: an unreachable one
+    is waited for (logged every few seconds, and /ready says so), refused credentials or TLS
+    trust stop the process (AccessDenied, exit 77)."""
+    from rollstream.sandbox.settings import configure
+
     log_to_stderr()
-    resolved = settings(args)
+    resolved = broker_settings(args)
+    configure(resolved.sandbox_settings())
+    logging.getLogger("rollstream").info(
+        "Kafka at %s, prefix %s, client properties %s", resolved.bootstrap_servers,
+        resolved.prefix, config.redacted(resolved.kafka_properties) or "(none)")
     metrics.serve(resolved.metrics_port)
+    wait_for_broker(resolved)
     return resolved
+
+
+def wait_for_broker(settings: Settings, every_s: float = 5.0) -> None:
+    reached = health.component("kafka", f"connecting to {settings.bootstrap_servers}")
+    while True:
+        try:
+            check_broker(settings.kafka(), every_s)
+            reached.ready()
+            return
+        except KafkaProblem as exc:
+            if exc.exit_code == EX_NOPERM:
+                raise AccessDenied(str(exc)) from None
+            reached.not_ready(str(exc))
+            logging.getLogger("rollstream").warning("%s; retrying", exc)
 
 
 def run_async(main: Coroutine[Any, Any, None], on_signal: Callable[[], None] | None = None

@@ -18,7 +18,7 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
                     "/v1/load_weights or vLLM's dev-mode pause / reload_weights / resume "
                     "(vLLM 0.33: from the event's path, with native weight labels; vLLM "
                     "0.12: in place, from the path the server was started with).")
-    config.add_arguments(parser)
+    config.add_arguments(parser, "kafka", "service", "inference")
     parser.set_defaults(func=_run)
 
 

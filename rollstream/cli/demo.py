@@ -25,5 +25,5 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
                              "(default: .rollstream/demo/<run>)")
     parser.add_argument("--keep-topics", action="store_true",
                         help="keep this run's topics (to replay them) instead of deleting them")
-    config.add_arguments(parser)
+    config.add_arguments(parser, "kafka")
     parser.set_defaults(func=demo.run_demo)

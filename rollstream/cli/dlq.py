@@ -38,12 +38,12 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     again.add_argument("--all", action="store_true", help="every dead letter not yet redriven")
     again.add_argument("--dry-run", action="store_true", help="list what would be sent")
     for p in (listing, show, again):
-        config.add_arguments(p)
+        config.add_arguments(p, "kafka", "command")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    settings = common.settings(args)
+    settings = common.settings(args, "dlq")
     if args.action == "list":
         rows = summary(list(dead_letters(settings)), redriven(settings))
         if args.json:

@@ -36,7 +36,7 @@ def run_publish(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(f"{len(tasks)} tasks valid in {args.file} (dry run: nothing sent)")
         return 0
-    settings = common.settings(args)
+    settings = common.settings(args, "tasks")
     sent = publish(settings, tasks)
     print(f"sent {sent} tasks to {settings.topics.tasks}")
     return 0
@@ -44,10 +44,13 @@ def run_publish(args: argparse.Namespace) -> int:
 
 def run_replay(args: argparse.Namespace) -> int:
     from producers.replay import replay
+    from rollstream.graph import GRAPH
 
+    # A topic of the graph named by its suffix is checked by name: a refusal then names it.
+    suffix = [args.topic] if args.topic in {spec.suffix for spec in GRAPH} else []
     try:
         count = replay(
-            common.settings(args),
+            common.settings(args, *suffix),
             args.topic,
             start_offset=args.from_offset,
             end_offset=args.to_offset,
@@ -90,7 +93,7 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
         "an unknown format is an error that lists the known ones",
     )
     p.add_argument("--dry-run", action="store_true", help="validate only; send nothing")
-    config.add_arguments(p)
+    config.add_arguments(p, "kafka", "command", "bounds")
     p.set_defaults(func=run_publish)
 
     r = sub.add_parser(
@@ -152,5 +155,5 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
         "--json", action="store_true", help="print one JSON object per line (the default)"
     )
     r.add_argument("--limit", type=int, metavar="N", help="stop after N replayed events")
-    config.add_arguments(r)
+    config.add_arguments(r, "kafka", "command")
     r.set_defaults(func=run_replay)

@@ -9,9 +9,15 @@ import sys
 import time
 from typing import Any
 
+from rollstream import config
 
-def _backends(names: list[str] | None) -> list[Any]:
+
+def _backends(args: argparse.Namespace) -> list[Any]:
     from rollstream.sandbox.backends import get_backend, unavailable
+    from rollstream.sandbox.settings import configure
+
+    configure(config.load(args).sandbox_settings())  # where this host's sandboxes live
+    names = args.backend
 
     found = []
     for name in names or ["bwrap", "docker"]:
@@ -30,7 +36,7 @@ def _state(alive: bool | None) -> str:
 
 def list_command(args: argparse.Namespace) -> int:
     rows = []
-    for backend in _backends(args.backend):
+    for backend in _backends(args):
         for lease in backend.leases():
             rows.append({"backend": backend.name, "id": lease.id, "owner": lease.owner,
                          "state": _state(lease.owner_alive()),
@@ -50,7 +56,7 @@ def list_command(args: argparse.Namespace) -> int:
 
 def sweep_command(args: argparse.Namespace) -> int:
     total = 0
-    for backend in _backends(args.backend):
+    for backend in _backends(args):
         for lease in backend.reap(older_than_s=args.older_than, everything=args.all):
             print(f"removed {backend.name} sandbox {lease.id} (owner {lease.owner})")
             total += 1
@@ -70,6 +76,7 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     ls = actions.add_parser("list", help="one line per sandbox: backend, id, age, owner state")
     ls.add_argument("--backend", action="append", **backends)
     ls.add_argument("--json", action="store_true", help="one JSON object per line")
+    config.add_arguments(ls, "sandbox")
     ls.set_defaults(func=list_command)
 
     sw = actions.add_parser("sweep", help="remove abandoned sandboxes")
@@ -79,4 +86,5 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
                        help="also remove sandboxes older than this, whoever owns them")
     group.add_argument("--all", action="store_true",
                        help="remove every sandbox, even those of live processes")
+    config.add_arguments(sw, "sandbox")
     sw.set_defaults(func=sweep_command)

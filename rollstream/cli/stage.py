@@ -7,10 +7,11 @@ import argparse
 from rollstream import config
 from rollstream.cli import common
 
+# Each stage, what it does, and the settings it takes (besides Kafka's and the process's own).
 STAGES = {
-    "init": "expand tasks into their group of episodes",
-    "run": "play episodes against the inference server(s)",
-    "eval": "score finished trajectories",
+    "init": ("expand tasks into their group of episodes", ("admission", "dedup", "bounds")),
+    "run": ("play episodes against the inference server(s)", ("inference", "sandbox", "bounds")),
+    "eval": ("score finished trajectories", ("dedup", "sandbox")),
 }
 
 
@@ -19,12 +20,13 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
         "stage", help="run one pipeline stage process",
         description="Run one stage as a member of its consumer group. Start more processes "
                     "with the same prefix to scale a stage, up to its topic's partitions.")
-    parser.add_argument("name", choices=sorted(STAGES),
-                        help="; ".join(f"{k}: {v}" for k, v in STAGES.items()))
-    parser.add_argument("--drain-timeout", type=float, default=30.0,
-                        help="seconds to let in-flight events finish on SIGTERM")
-    config.add_arguments(parser)
-    parser.set_defaults(func=run_stage)
+    names = parser.add_subparsers(dest="name", metavar="STAGE", required=True)
+    for name, (what, groups) in STAGES.items():
+        stage = names.add_parser(name, help=what, description=f"The {name.upper()} stage: {what}.")
+        stage.add_argument("--drain-timeout", type=float, default=30.0,
+                           help="seconds to let in-flight events finish on SIGTERM")
+        config.add_arguments(stage, "kafka", "stage", "service", *groups)
+        stage.set_defaults(func=run_stage)
 
 
 def run_stage(args: argparse.Namespace) -> int:

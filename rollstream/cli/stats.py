@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from rollstream import config
+from rollstream import config, metrics
 from rollstream.cli import common
 
 
@@ -24,7 +24,7 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
                         help="address the JSON server listens on (0.0.0.0 in a container)")
     parser.add_argument("--datadir", type=Path, default=Path(".rollstream/stats"),
                         help="faust's local state directory")
-    config.add_arguments(parser)
+    config.add_arguments(parser, "kafka", "command")
     parser.set_defaults(func=run)
 
 
@@ -39,7 +39,9 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit("rollstream stats needs faust-streaming: pip install "
                          "'rollstream[stats]'") from exc
 
-    settings = common.start_service(args)  # with /health and /ready beside faust's server
+    settings = common.settings(args, "scored")
+    common.log_to_stderr()
+    metrics.serve(settings.metrics_port)  # /health and /ready beside faust's web server
     scored = settings.topics.scored
     meta = AdminClient(settings.kafka()).list_topics(scored, timeout=30).topics.get(scored)
     if meta is None or meta.error is not None:

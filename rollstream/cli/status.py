@@ -27,7 +27,7 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
                         help="seconds between looks (the events/s window)")
     parser.add_argument("--metrics-url", action="append", default=[],
                         help="a process's /metrics URL, for in-flight counts (repeatable)")
-    config.add_arguments(parser)
+    config.add_arguments(parser, "kafka", "command", "service", "inference")
     parser.set_defaults(func=run)
 
 

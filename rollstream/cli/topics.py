@@ -14,7 +14,8 @@ def _create(args: argparse.Namespace) -> int:
     settings = common.settings(args)
     bootstrap = settings.bootstrap_servers
     created = create_topics(
-        bootstrap, settings.prefix, settings.partitions, args.replication_factor
+        settings.kafka(), settings.prefix, settings.partitions, args.replication_factor,
+        timeout=settings.timeout_s,
     )
     topics = Topics(settings.prefix)
     for spec in TOPIC_SPECS:
@@ -27,7 +28,7 @@ def _create(args: argparse.Namespace) -> int:
 def _list(args: argparse.Namespace) -> int:
     settings = common.settings(args)
     bootstrap = settings.bootstrap_servers
-    rows = describe_topics(bootstrap, settings.prefix)
+    rows = describe_topics(settings.kafka(), settings.prefix, timeout=settings.timeout_s)
     if not rows:
         print(f"no {settings.prefix}.* topics on {bootstrap}; run `rollstream topics create`")
         return 1
@@ -59,12 +60,12 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
         + ". The broker is KAFKA_BOOTSTRAP_SERVERS, else --bootstrap-servers, "
         "else the bundled local broker (started if needed).",
     )
-    config.add_arguments(p)
+    config.add_arguments(p, "kafka", "command", "topics")
     p.add_argument(
         "--replication-factor", type=int, default=1, help="replicas per partition (default 1)"
     )
     p.set_defaults(func=_create)
 
     p = commands.add_parser("list", help="show the topics, partition counts and configs")
-    config.add_arguments(p)
+    config.add_arguments(p, "kafka", "command")
     p.set_defaults(func=_list)

@@ -8,7 +8,7 @@ import logging
 import statistics
 from pathlib import Path
 
-from rollstream import config
+from rollstream import config, health
 from rollstream.cli import common
 from rollstream.graph import PRINTER
 
@@ -26,7 +26,7 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--group", default=None,
                         help="consumer group (default <prefix>.printer; never the trainer's "
                              "<prefix>.bridge, or the two would split <prefix>.scored)")
-    config.add_arguments(parser)
+    config.add_arguments(parser, "kafka")
     parser.set_defaults(func=run_bridge)
 
     train = sub.add_parser(
@@ -58,7 +58,7 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     train.add_argument("--max-steps", type=int, default=None)
     train.add_argument("--idle-timeout", type=float, default=None,
                        help="stop after this many seconds without new events")
-    config.add_arguments(train)
+    config.add_arguments(train, "kafka", "service")
     train.set_defaults(func=run_train)
 
 
@@ -85,6 +85,7 @@ def run_train(args: argparse.Namespace) -> int:
         # meet at every op crawl on a busy machine (a step: 6 s on one, 11-65 s on two, load 20).
         torch.set_num_threads(1)
     settings = common.start_service(args)
+    health.component("bridge", "loading the model")  # the bridge takes it over once it joins
     policy = GroupPolicy(normalize_std=not args.dr_grpo, max_staleness=args.max_staleness,
                          group_timeout_s=args.group_timeout, incomplete=args.incomplete,
                          drop_zero_variance=not args.keep_zero_variance)

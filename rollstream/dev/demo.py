@@ -41,7 +41,7 @@ def run_demo(args: argparse.Namespace) -> int:
         bootstrap_servers=local.resolve_bootstrap(settings.bootstrap_servers))
     out = args.out or local.home() / "demo" / prefix
     console.print(f"broker {settings.bootstrap_servers}, topics {prefix}.*, files in {out}")
-    create_topics(settings.bootstrap_servers, prefix, settings.partitions)
+    create_topics(settings.kafka(), prefix, settings.partitions)
     loop = ClosedLoop(settings, out, LoopConfig(tasks=args.tasks, group_size=args.group_size,
                                                 seed=args.seed))
     t0 = time.time()
@@ -68,7 +68,7 @@ def run_demo(args: argparse.Namespace) -> int:
     finally:
         loop.stop()
         if not args.keep_topics:
-            delete_topics(settings.bootstrap_servers, prefix)
+            delete_topics(settings.kafka(), prefix)
         if started_broker:
             local.stop()
 

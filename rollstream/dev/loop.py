@@ -103,14 +103,13 @@ class ClosedLoop:
         write_base_policy(base, seed=self.config.seed)
         port = free_port()
         url = f"http://127.0.0.1:{port}"
-        common = ["--bootstrap-servers", self.settings.bootstrap_servers,
-                  "--prefix", self.settings.prefix, "--policy-url", url]
+        common = self.settings.client_flags()
         server = self.procs.start("policy", "serve-policy", "--port", str(port),
                                   "--checkpoint", str(base), "--seed", str(self.config.seed))
-        self.procs.start("controller", "controller", *common)
+        self.procs.start("controller", "controller", *common, "--policy-url", url)
         self.procs.start("init", "stage", "init", *common,
                          "--admission-window", str(self.config.admission_window))
-        self.procs.start("run", "stage", "run", *common)
+        self.procs.start("run", "stage", "run", *common, "--policy-url", url)
         self.procs.start("eval", "stage", "eval", *common)
         self.procs.start("train", "train", *common, "--checkpoint-dir", str(self.checkpoints),
                          "--init-checkpoint", str(base),

@@ -12,7 +12,7 @@ bug, not retryable), plain `InferenceError` for a response that does not follow 
 (including a server that saw other prompt ids than were sent: the per-turn prefix check).
 
 Besides completions, the client reads what a router needs: `/health`, the `vllm:*` load gauges
-from `/metrics`, and the models a server lists (LoRA adapters included).
+from `/metrics`, the models a server lists (LoRA adapters included) and vLLM's weight label.
 """
 
 from __future__ import annotations
@@ -231,6 +231,21 @@ class InferenceClient:
         """The server's load gauges from /metrics; empty when it serves none."""
         status, raw, _ = await self._send("GET", "/metrics")
         return parse_load(raw.decode("utf-8", errors="replace")) if status == 200 else {}
+
+    async def weight_label(self) -> str | None:
+        """vLLM's weight label (`GET /weight_info`, set with /update_weight_version; "default"
+        until then); None when the server has no such route."""
+        status, raw, _ = await self._send("GET", "/weight_info")
+        if status in (404, 405):
+            return None
+        if status != 200:
+            raise ServerError(f"GET /weight_info: HTTP {status}", server=self.base_url,
+                              status=status)
+        try:
+            return str(json.loads(raw)["weight_version"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise InferenceError(f"unexpected /weight_info response: {raw[:200]!r}",
+                                 server=self.base_url) from exc
 
     async def complete(
         self,

@@ -18,7 +18,12 @@
 - Policy version: a response's `X-Rollstream-Policy-Version` header (embedded server, or vLLM
   with rollstream.vllm_middleware) is exact. A server with Rollstream LoRA adapters is sent the
   newest adapter by name, and that adapter's version is the turn's. vLLM 0.33's own labels
-  (`choices[].weight_versions`, set by the controller) come next. A server that stamped its
+  (`choices[].weight_versions`, set by the controller) come next. vLLM 0.32 has the label
+  (`GET /weight_info`) but does not put it on responses: the label is read before a request is
+  sent and again after its response, and a turn is stamped only when both reads agree. The
+  controller sets a label only after the reload, while the server is paused, and resumes after,
+  so equal reads mean every token was sampled by the weights they name; reads that differ (the
+  turn straddled an update) are `VersionUnknown`. A server that stamped its
   responses before and sends one without a stamp is inside a weight update: `VersionUnknown`,
   and RUN samples the turn again. A server that never stamps gives -1 (unknown), never a guess.
   Update windows (`VersionUnknown`, a paused vLLM's 503) do not count as server failures.
@@ -81,6 +86,8 @@ class Server:
     foreign: float = 0.0  # other clients' running + waiting requests at the last scrape
     kv_usage: float = 0.0
     lora: tuple[str, int] | None = None  # newest Rollstream adapter: (model name, version)
+    # vLLM's weight label at the last completed read of /weight_info; None: no such route.
+    weight_label: str | None = None
     stamps_versions: bool = False
 
     @property
@@ -171,6 +178,7 @@ class Router:
         if server is None:
             raise NoServer("no usable inference server (all down, ejected or removed)")
         lora = server.lora
+        label_before = server.weight_label
         server.in_flight += 1
         try:
             completion = await server.client.complete(
@@ -190,12 +198,29 @@ class Router:
             completion.policy_version = lora[1]  # the adapter the request named
         elif completion.weight_versions:
             completion.policy_version = labelled_version(completion.weight_versions)
+        elif label_before is not None:
+            completion.policy_version = await self._bracketed_version(server, label_before)
         elif server.stamps_versions:
             raise VersionUnknown("response without a policy version: weights being updated",
                                  server=server.url)
         else:
             completion.policy_version = UNKNOWN_VERSION
         return completion
+
+    async def _bracketed_version(self, server: Server, before: str) -> int:
+        """The version of a turn from labels read around it (module doc): `before`, read
+        before the request was sent, and a read begun after its response."""
+        try:
+            after = await server.client.weight_label()
+        except InferenceError as exc:
+            raise VersionUnknown(f"weight label unreadable after the turn: {exc}",
+                                 server=server.url) from exc
+        if after is not None:
+            server.weight_label = after
+        if after != before:
+            raise VersionUnknown(f"weights changed during the turn ({before!r} -> {after!r})",
+                                 server=server.url)
+        return labelled_version([{"version": after}])
 
     def _failed(self, server: Server, exc: ServerError) -> None:
         if isinstance(exc, ServerUpdating):
@@ -237,8 +262,9 @@ class Router:
             healthy = await server.client.healthy()
             load = await server.client.load() if healthy else {}
             models = await server.client.models() if healthy else []
+            label = await server.client.weight_label() if healthy else None
         except InferenceError as exc:
-            healthy, load, models = False, {}, []
+            healthy, load, models, label = False, {}, [], None
             log.debug("probe of %s failed: %s", server.url, exc)
         if healthy != server.healthy:
             log.info("server %s %s", server.url, "healthy" if healthy else "unhealthy")
@@ -251,4 +277,6 @@ class Router:
         adapters = [(lora_version(str(m.get("id", ""))), str(m.get("id"))) for m in models]
         newest = max(((v, name) for v, name in adapters if v is not None), default=None)
         server.lora = (newest[1], newest[0]) if newest else None
+        if healthy:
+            server.weight_label = label
         metrics.server_probed(server)

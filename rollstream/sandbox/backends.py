@@ -8,13 +8,15 @@ task, and its absence is an error that says why.
 
 from __future__ import annotations
 
-import os
 from functools import cache
 
 from rollstream.sandbox import bwrap, docker
 from rollstream.sandbox.base import Backend, Sandbox, SandboxError, SandboxSpec
+from rollstream.sandbox.settings import BACKEND_ENV, current
 
-BACKEND_ENV = "ROLLSTREAM_SANDBOX"
+__all__ = ["BACKEND_ENV", "CHOICES", "backend_name", "configured", "create_sandbox",
+           "get_backend", "unavailable"]
+
 CHOICES = ("auto", "bwrap", "docker")
 
 
@@ -33,7 +35,7 @@ def get_backend(name: str) -> Backend:
 
 
 def configured() -> str:
-    choice = os.environ.get(BACKEND_ENV, "auto").strip().lower() or "auto"
+    choice = current().backend.strip().lower() or "auto"
     if choice not in CHOICES:
         raise SandboxError(f"{BACKEND_ENV}={choice!r}; choose one of {', '.join(CHOICES)}")
     return choice

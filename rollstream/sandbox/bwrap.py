@@ -49,11 +49,11 @@ from rollstream.sandbox.base import (
 )
 from rollstream.sandbox.capture import HeadTail
 from rollstream.sandbox.leases import Lease, Owner, UidPool, read_lease, sandbox_root, write_lease
+from rollstream.sandbox.settings import UIDS_ENV, current
 
 log = logging.getLogger(__name__)
 
 MARKER = "ROLLSTREAM_SANDBOX_DIR"  # set in every sandboxed process: finds leftovers
-UIDS_ENV = "ROLLSTREAM_SANDBOX_UIDS"  # "FIRST-LAST": uids for sandboxes of a root owner
 DEFAULT_UIDS = (1_000_000, 1_065_535)
 REAP_INTERVAL_S = 30.0
 KILL_GRACE_S = 10.0  # from killing bwrap to its output pipe closing
@@ -161,7 +161,7 @@ def sandbox_env(directory: Path) -> dict[str, str]:
 
 
 def _uid_range() -> tuple[int, int]:
-    text = os.environ.get(UIDS_ENV)
+    text = current().uids
     if not text:
         return DEFAULT_UIDS
     try:

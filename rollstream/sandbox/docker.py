@@ -22,7 +22,6 @@ import asyncio
 import contextlib
 import errno
 import math
-import os
 import struct
 import threading
 import time
@@ -40,8 +39,10 @@ from rollstream.sandbox.base import (
 )
 from rollstream.sandbox.capture import HeadTail
 from rollstream.sandbox.leases import Lease, Owner
+from rollstream.sandbox.settings import IMAGE_ENV, current
 
-IMAGE_ENV = "ROLLSTREAM_SANDBOX_IMAGE"
+__all__ = ["DEFAULT_IMAGE", "IMAGE_ENV", "DockerBackend", "DockerSandbox", "available"]
+
 # For tasks without an image of their own (the shipped snapshots): needs bash, git and pytest.
 DEFAULT_IMAGE = "rollstream/base:bookworm"  # built by `make deps` from Debian packages
 LABEL = "rollstream.sandbox"
@@ -246,7 +247,7 @@ class DockerBackend(Backend):
 
         sandbox_id = f"dk-{uuid.uuid4().hex[:16]}"
         limits = spec.limits
-        image = spec.image or os.environ.get(IMAGE_ENV, DEFAULT_IMAGE)
+        image = spec.image or current().image or DEFAULT_IMAGE
         labels = {LABEL: sandbox_id, OWNER_LABEL: Owner.current().label(),
                   CREATED_LABEL: f"{time.time():.3f}",
                   **{LABEL_PREFIX + k: v for k, v in spec.labels.items()}}

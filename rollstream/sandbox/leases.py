@@ -22,7 +22,10 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-ROOT_ENV = "ROLLSTREAM_SANDBOX_ROOT"
+from rollstream.sandbox.settings import ROOT_ENV, current
+
+__all__ = ["ROOT_ENV", "Lease", "Owner", "UidPool", "read_lease", "sandbox_root", "write_lease"]
+
 LEASE_FILE = "lease.json"
 
 
@@ -87,7 +90,7 @@ class Lease:
 
 def sandbox_root() -> Path:
     """Where bwrap sandboxes live: $ROLLSTREAM_SANDBOX_ROOT, else a per-user temp folder."""
-    configured = os.environ.get(ROOT_ENV)
+    configured = current().root
     root = Path(configured) if configured else (
         Path(tempfile.gettempdir()) / f"rollstream-sandboxes-{os.getuid()}")
     root.mkdir(mode=0o700, parents=True, exist_ok=True)

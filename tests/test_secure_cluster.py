@@ -1,0 +1,216 @@
+"""The pipeline on a secured cluster (`rollstream broker start --secure`: SASL_SSL, SCRAM-SHA-512,
+the StandardAuthorizer denying what no ACL allows), run as a principal holding only the
+documented prefix ACLs (`rollstream acl grant`); refusals and bad credentials as one line each;
+no secret in any output."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from confluent_kafka.admin import AdminClient
+
+from producers.publish import validate_task
+from rollstream import acl, config
+from rollstream.broker import local
+from rollstream.broker.secure import Material
+from rollstream.dev.processes import ProcessGroup, free_port, wait_http
+from rollstream.kafka_errors import EX_NOPERM
+from rollstream.topics import delete_topics
+
+TASKS, GROUP = 4, 2
+
+
+@pytest.fixture(scope="module")
+def secured() -> Iterator[tuple[str, Material]]:
+    with local.secured() as material:
+        started_here = not local.is_running()
+        bootstrap = local.start(timeout=180)
+        try:
+            yield bootstrap, material
+        finally:
+            if started_here:
+                local.stop()
+
+
+def principal(bootstrap: str, material: Material, folder: Path, prefix: str,
+              *roles: str) -> tuple[Path, str]:
+    """A new SCRAM user granted `roles` on `prefix`: its properties file and its password."""
+    name, password = f"u{uuid.uuid4().hex[:8]}", secrets.token_hex(12)
+    admin = AdminClient(material.admin_conf(bootstrap))
+    acl.set_password(admin, name, password, 30)
+    for role in roles:
+        acl.grant(admin, f"User:{name}", prefix, role, 30)
+    path = folder / f"{name}.properties"
+    path.write_text("".join(f"{k}={v}\n" for k, v in
+                            material.client_properties(bootstrap, name, password).items()))
+    return path, password
+
+
+def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "rollstream.cli", *args], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def tasks_file(path: Path) -> Path:
+    lines = [json.dumps(validate_task({
+        "task_id": f"s{i}", "env": "arithmetic", "prompt": f"{i}+2=",
+        "data": {"answer": str(i + 2)}, "max_turns": 1, "group_size": GROUP,
+        "sampling": {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "max_tokens": 4,
+                     "seed": i}})) for i in range(TASKS)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def one_line_error(proc: subprocess.CompletedProcess[str]) -> str:
+    assert proc.returncode != 0, proc.stdout
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("rollstream: ")]
+    assert len(lines) == 1, proc.stderr
+    return lines[0]
+
+
+@pytest.mark.slow
+def test_pipeline_runs_as_a_least_privilege_principal(secured: tuple[str, Material],
+                                                      tmp_path: Path) -> None:
+    bootstrap, material = secured
+    prefix = f"sec{uuid.uuid4().hex[:6]}"
+    props, password = principal(bootstrap, material, tmp_path, prefix, "owner")
+    kafka = ["--kafka-config", str(props), "--prefix", prefix]
+    outputs: list[str] = []
+
+    def ok(*args: str) -> subprocess.CompletedProcess[str]:
+        proc = cli(*args, *kafka)
+        outputs.extend((proc.stdout, proc.stderr))
+        assert proc.returncode == 0, proc.stderr
+        return proc
+
+    ok("topics", "create", "--partitions", "2")
+    procs = ProcessGroup(tmp_path / "logs")
+    url = f"http://127.0.0.1:{free_port()}"
+    try:
+        server = procs.start("policy", "serve-policy", "--port", url.rsplit(":", 1)[1])
+        for stage in ("init", "run", "eval"):
+            procs.start(stage, "stage", stage, *kafka, "--commit-interval-ms", "100",
+                        *(["--policy-url", url] if stage == "run" else []))
+        procs.start("controller", "controller", *kafka, "--policy-url", url)
+        procs.start("train", "train", *kafka, "--checkpoint-dir", str(tmp_path / "ckpt"),
+                    "--groups-per-batch", "2", "--keep-zero-variance")
+        wait_http(f"{url}/health", proc=server, timeout=180)
+        ok("publish", str(tasks_file(tmp_path / "tasks.jsonl")))
+        settings = config.load(None, kafka_config=str(props), prefix=prefix, partitions=2)
+        expected = {f"s{i}#{j}" for i in range(TASKS) for j in range(GROUP)}
+        deadline = time.monotonic() + 240
+        while True:
+            procs.check_alive()
+            scored = json_lines(ok("replay", "--topic", "scored").stdout)
+            keys = [s["key"] for s in scored]
+            if set(keys) >= expected or time.monotonic() > deadline:
+                break
+            time.sleep(2)
+        assert sorted(keys) == sorted(expected)  # every episode scored once
+        status = json.loads(ok("status", "--json", "--interval", "0.5").stdout)
+        assert {s["stage"] for s in status["stages"]} >= {"init", "run", "eval"}
+        ok("dlq", "list")
+        ok("dlq", "redrive", "--all")
+        copy = f"{prefix}.scored-copy"
+        ok("replay", "--topic", "scored", "--to-topic", copy)
+        assert settings.bootstrap_servers == bootstrap
+    finally:
+        procs.stop_all()
+        for log in (tmp_path / "logs").glob("*.log"):
+            outputs.append(log.read_text(errors="replace"))
+        delete_topics(material.admin_conf(bootstrap), prefix)
+    leaked = [text for text in outputs if password in text or material.admin_password() in text]
+    assert not leaked, "a password was printed"
+    # The stages do print their client properties, with the secret replaced.
+    assert any("'sasl.password': '[redacted]'" in text for text in outputs)
+
+
+def json_lines(text: str) -> list[dict]:
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def test_another_prefix_is_refused_with_the_resource_named(secured: tuple[str, Material],
+                                                          tmp_path: Path) -> None:
+    bootstrap, material = secured
+    mine, theirs = f"own{uuid.uuid4().hex[:6]}", f"oth{uuid.uuid4().hex[:6]}"
+    admin_props = tmp_path / "admin.properties"
+    admin_props.write_text("".join(f"{k}={v}\n" for k, v in
+                                   material.admin_conf(bootstrap).items()))
+    assert cli("topics", "create", "--kafka-config", str(admin_props), "--prefix", theirs,
+               "--partitions", "1").returncode == 0
+    props, _ = principal(bootstrap, material, tmp_path, mine, "stage")
+    try:
+        for args in (["publish", str(tasks_file(tmp_path / "t.jsonl"))],
+                     ["replay", "--topic", "scored"], ["topics", "create"]):
+            proc = cli(*args, "--kafka-config", str(props), "--prefix", theirs)
+            line = one_line_error(proc)
+            assert proc.returncode == EX_NOPERM and "not authorized" in line, line
+            assert theirs in line, line  # the refused resource is named
+    finally:
+        delete_topics(material.admin_conf(bootstrap), theirs)
+
+
+def test_wrong_password_and_wrong_ca_are_one_line_within_the_timeout(
+        secured: tuple[str, Material], tmp_path: Path) -> None:
+    bootstrap, material = secured
+    props, password = principal(bootstrap, material, tmp_path, "any", "reader")
+    text = props.read_text()
+    wrong = tmp_path / "wrong.properties"
+    wrong.write_text(text.replace(f"sasl.password={password}", "sasl.password=nope"))
+    bad_ca = tmp_path / "badca.properties"
+    other_ca = Material(tmp_path / "other-tls")
+    from rollstream.broker.secure import material as make_material
+
+    make_material(other_ca.folder)
+    bad_ca.write_text(text.replace(str(material.ca), str(other_ca.ca)))
+    for path, cause in ((wrong, "authentication"), (bad_ca, "TLS")):
+        for args in (["publish", str(tasks_file(tmp_path / "t.jsonl"))],
+                     ["replay", "--topic", "scored"], ["status", "--json"],
+                     ["topics", "create"]):
+            t0 = time.monotonic()
+            proc = cli(*args, "--kafka-config", str(path), "--prefix", "any", timeout=60)
+            assert time.monotonic() - t0 < 45  # --timeout's 30 s and a process start
+            line = one_line_error(proc)
+            assert cause in line and bootstrap in line and proc.returncode == EX_NOPERM, line
+            assert "nope" not in proc.stderr + proc.stdout
+    # A stage with a wrong password stops, with the documented exit code (77).
+    proc = cli("stage", "init", "--kafka-config", str(wrong), "--prefix", "any", timeout=90)
+    assert proc.returncode == EX_NOPERM, proc.stderr[-2000:]
+    assert "authentication" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_stats_gets_the_same_security(tmp_path: Path, secured: tuple[str, Material]) -> None:
+    from faust.auth import SASLCredentials
+
+    from rollstream.security import faust_credentials
+
+    bootstrap, material = secured
+    props, password = principal(bootstrap, material, tmp_path, "any", "reader")
+    creds = faust_credentials(config.read_properties(props))
+    assert isinstance(creds, SASLCredentials) and creds.password == password
+    assert creds.mechanism.value == "SCRAM-SHA-512" and creds.ssl_context is not None
+    assert password not in repr(creds)
+
+
+def test_a_foreign_flag_is_an_error() -> None:
+    proc = cli("stage", "eval", "--tokenizer-path", "x", timeout=60)
+    assert proc.returncode == 2 and "--tokenizer-path" in proc.stderr
+
+
+def test_no_broker_configured_names_the_ways(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "rollstream.cli", "status"], text=True,
+                          capture_output=True, timeout=60,
+                          env={"PATH": "/usr/bin:/bin", "ROLLSTREAM_HOME": str(tmp_path)})
+    line = one_line_error(proc)
+    for way in ("--bootstrap-servers", "KAFKA_BOOTSTRAP_SERVERS", "--kafka-config", "local"):
+        assert way in line
+    assert not (tmp_path / "kafka").exists()  # nothing was started

@@ -1,0 +1,96 @@
+"""TRL fed by Rollstream: its real GRPOTrainer (rollout_func) trains the tiny local Qwen2 on the
+CPU from a job's scored topic, each step's weights committed as a PolicyVersion with the batch's
+offsets; killed with SIGKILL and restarted it loses no batch and trains none twice. The async
+trainer's rollout worker hands TRL's own RolloutSample to TRL's own queue dataset, planner and
+collator."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from rollstream import kafka, policy_versions
+from rollstream.config import Settings
+from rollstream.dev import tiny_model
+from tests.trainers_env import publish_scored, sampled_groups, subprocess_env, use_trainers
+from trainer_bridge.bridge import TrainerBridge
+
+use_trainers()
+pytestmark = pytest.mark.trainers
+
+GROUP = 4
+GROUPS_PER_STEP = 2
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> tiny_model.TinyModel:
+    return tiny_model.build(tmp_path_factory.mktemp("tiny") / "m")
+
+
+def committed(settings: Settings) -> list[dict]:
+    return policy_versions.newer(
+        kafka.read_partitions(settings, policy_versions.partitions(settings)))
+
+
+def test_grpo_trainer_trains_five_steps_from_the_scored_topic(
+        settings: Settings, tiny: tiny_model.TinyModel, tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    from trainer_bridge.adapters import trl_adapter
+
+    steps = 5
+    events = sampled_groups(tiny.model, steps * GROUPS_PER_STEP, GROUP)
+    publish_scored(settings, events)
+    rollouts = trl_adapter.train(settings, tiny.model, tmp_path / "ckpt", max_steps=steps,
+                                 groups_per_batch=GROUPS_PER_STEP, num_generations=GROUP,
+                                 use_cpu=True)
+    versions = committed(settings)
+    assert [v["version"] for v in versions] == [1, 2, 3, 4, 5]
+    assert len({v["step_id"] for v in versions}) == steps  # five different batches
+    base = load_file(str(tiny.model / "model.safetensors"))
+    last = load_file(str(Path(versions[-1]["uri"]) / "model.safetensors"))
+    assert any(not torch.equal(base[k], last[k]) for k in base)  # TRL's loss moved the weights
+    assert [e["version"] for e in rollouts.published] == [1, 2, 3, 4, 5]
+    with TrainerBridge(settings, 1) as again:  # every batch's offsets are committed
+        assert list(again.batches(idle_timeout_s=3)) == []
+
+
+@pytest.mark.slow
+def test_trainer_killed_mid_run_loses_no_batch_and_trains_none_twice(
+        settings: Settings, tiny: tiny_model.TinyModel, tmp_path: Path) -> None:
+    steps = 6
+    events = sampled_groups(tiny.model, steps * GROUPS_PER_STEP, GROUP, seed=1)
+    publish_scored(settings, events)
+    script = Path(__file__).with_name("trl_train_proc.py")
+
+    def start(remaining: int) -> subprocess.Popen:
+        return subprocess.Popen(
+            [sys.executable, str(script), settings.bootstrap_servers, settings.prefix,
+             str(tiny.model), str(tmp_path / "ckpt"), str(remaining)],
+            env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    first = start(steps)
+    deadline = time.monotonic() + 240
+    while len(committed(settings)) < 2:
+        assert first.poll() is None, first.stdout.read()[-3000:]
+        assert time.monotonic() < deadline, "the trainer committed no two steps in 240 s"
+        time.sleep(0.5)
+    first.send_signal(signal.SIGKILL)
+    first.wait(30)
+    done = len(committed(settings))
+    assert done < steps, "the kill came after the run had finished"
+    second = start(steps - done)
+    out, _ = second.communicate(timeout=300)
+    assert second.returncode == 0, out[-3000:]
+    versions = committed(settings)
+    assert [v["version"] for v in versions] == list(range(1, steps + 1))
+    # Each committed version trained a different batch, and together they are all the groups.
+    assert len({v["step_id"] for v in versions}) == steps
+    trained = sum(v["metrics"]["samples"] for v in versions)
+    assert trained == len(events)
