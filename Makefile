@@ -4,7 +4,8 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test-venv broker-jars deps harness-deps swebench-deps vllm-deps trainer-deps test demo \
+.PHONY: venv test-venv broker-jars deps harness-deps swebench-deps vllm-deps trainer-deps \
+	helm-deps slurm-deps test demo \
 	bench lint broker-start broker-stop broker-status images
 
 # Two stamps: the demo needs only the package and its own dependencies; tests, lint and
@@ -47,7 +48,7 @@ deps: test-venv broker-jars
 	@$(call apt_tool,prometheus,prometheus,the real-Prometheus test skips)
 	./scripts/docker-engine.sh
 	@$(call apt_tool,docker-compose,docker-compose,the compose test skips)
-	$(MAKE) harness-deps swebench-deps vllm-deps trainer-deps
+	$(MAKE) harness-deps swebench-deps vllm-deps trainer-deps helm-deps slurm-deps
 
 # mini-swe-agent, the harness the gateway is proven with, in a virtualenv of its own: a harness
 # is a separate program with its own dependencies. Versions pinned, litellm included.
@@ -106,6 +107,23 @@ trainer-deps: $(TRAINERS_STAMP)
 $(TRAINERS_STAMP): $(STAMP)
 	$(BIN)/pip install -q --no-deps --target $(TRAINERS_DIR) $(TRL_PINS) $(TINKER_PINS) $(VERL_PINS)
 	touch $@
+
+# Helm, the manifest validator (deploy/helm/validate), the CRDs it checks the chart's custom
+# resources against (KEDA, Strimzi, Prometheus Operator) and Kafka's consumer-group tool, pinned
+# in scripts/helm-deps.sh: for tests/test_helm_chart.py and tests/test_keda_lag.py. Rebuilt when
+# the script or the validator changes.
+HELM_DIR ?= .rollstream/helm
+HELM_STAMP := $(HELM_DIR)/.installed
+helm-deps: $(HELM_STAMP)
+$(HELM_STAMP): $(STAMP) scripts/helm-deps.sh deploy/helm/validate/main.go \
+		deploy/helm/validate/go.mod deploy/helm/validate/go.sum
+	PYTHON=$(BIN)/python ./scripts/helm-deps.sh $(HELM_DIR)
+	touch $@
+
+# Slurm's controller and compute daemons and munge, from Debian, for the Slurm recipe's test
+# (tests/test_slurm.py starts them on this host with a configuration of its own).
+slurm-deps:
+	@$(call apt_tool,slurmctld,slurm-wlm munge,the Slurm test needs it)
 
 # Local images for docker-compose.local.yml (scripts/local-images.sh), built with no registry or
 # package index reachable from the builds: Kafka from the bundled broker's jars, Prometheus from

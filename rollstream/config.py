@@ -70,7 +70,8 @@ class Settings:
     instance_id: str = _setting(
         "", "service", "stable id for static group membership and the transactional id")
     metrics_port: int = _setting(
-        0, "service", "serve Prometheus metrics on this port at /metrics; 0: off")
+        0, "service", "port of a long-running process's /metrics, /health and /ready (0: a "
+        "free port, logged at start; -1: off)")
     policy_url: str = _setting(
         "http://127.0.0.1:8011", "inference",
         "inference endpoint(s), comma separated (vLLM-compatible)")

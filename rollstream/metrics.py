@@ -1,9 +1,11 @@
-"""Prometheus metrics of every long-running process, served at /metrics with `--metrics-port`.
+"""Prometheus metrics of every long-running process, served at /metrics on `--metrics-port`
+beside the /health and /ready probes (rollstream.health).
 
 The other modules call one function here per thing worth counting, so what is measured and how
 it is named lives in one place. Names follow Prometheus conventions: counters end in `_total`,
-durations are in seconds. Off by default: until `serve()` is called, a stage gets `OFF`, whose
-methods do nothing, so a process without a metrics port pays no more than a no-op call.
+durations are in seconds. On by default (port 0: a free port, logged at start; many processes
+share a host); `--metrics-port -1` turns metrics and probes off, and a stage then gets `_Off`,
+whose methods do nothing (metrics on cost a forwarding stage 1.5% CPU: benchmarks/metrics.py).
 
 Stage series carry a `stage` label (init, run, eval, bridge, train); inference series a `server`
 label (the server's base URL).
@@ -13,21 +15,30 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import logging
+import threading
 import time
 import weakref
 from collections import defaultdict
 from collections.abc import Iterator
+from http.server import ThreadingHTTPServer
 from typing import Any, get_args
+from urllib.parse import urlparse
 
-from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
     HistogramMetricFamily,
     Metric,
 )
+from prometheus_client.exposition import MetricsHandler
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
+
+from rollstream import health
+
+log = logging.getLogger("rollstream.metrics")
 
 # Event latency: from the input record's timestamp (when it was produced) to when the stage is
 # done with it; spans milliseconds (INIT) to minutes (a long RUN episode).
@@ -92,19 +103,51 @@ SANDBOXES = Gauge("rollstream_sandboxes_alive", "Sandboxes created and not yet d
 SANDBOXES.set_function(lambda: sum(1 for s in list(_sandboxes) if not s.closed))
 
 _serving = False
+OFF = -1  # the --metrics-port that serves nothing
 
 
-def serve(port: int, host: str = "0.0.0.0") -> None:
-    """Serve /metrics on `port` (0: do nothing); call once, early, in a long-running process."""
+class _Handler(MetricsHandler):
+    """/health and /ready (rollstream.health) beside prometheus_client's /metrics."""
+
+    def do_GET(self) -> None:
+        path = urlparse(self.path).path
+        if path == "/health":
+            self._reply(200, b"ok\n", "text/plain")
+        elif path == "/ready":
+            ready, body = health.report()
+            self._reply(200 if ready else 503, body, "application/json")
+        else:
+            super().do_GET()
+
+    def _reply(self, status: int, body: bytes, kind: str) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+
+def serve(port: int, host: str = "0.0.0.0") -> int | None:
+    """Serve /metrics, /health and /ready on `port` (0: a free one; OFF: nothing); call once,
+    early, in a long-running process. Returns the port served (None: off)."""
     global _serving
-    if port and not _serving:
-        from rollstream.envs.base import FailureClass
+    if port == OFF or _serving:
+        return None
+    from rollstream.envs.base import FailureClass
 
-        # Every class from 0, so the first scored episodes show as an increase (rate() > 0).
-        for failure_class in get_args(FailureClass):
-            EPISODES.labels(failure_class)
-        start_http_server(port, addr=host)
-        _serving = True
+    # Every class from 0, so the first scored episodes show as an increase (rate() > 0).
+    for failure_class in get_args(FailureClass):
+        EPISODES.labels(failure_class)
+    server = _Server((host, port), _Handler)
+    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
+    _serving = True
+    served = server.server_address[1]
+    log.info("serving /metrics, /health and /ready on port %d", served)
+    return served
 
 
 def serving() -> bool:

@@ -118,7 +118,8 @@ class StageRuntime:
         self.group = settings.topics.group(stage.name)
         self.stopping = Stopping(drain_timeout_s)
         self.loop = ConsumeLoop(settings, self.topic, self.group, stage.name, self,
-                                restores=True, deadline=self.stopping.deadline)
+                                restores=True, health_name=f"stage {stage.name}",
+                                deadline=self.stopping.deadline)
         self.checkpoint = self.loop.checkpoint
         self.stats = self.loop.stats
         self.metrics = self.loop.metrics
@@ -140,6 +141,7 @@ class StageRuntime:
         asyncio.run(self.serve())
 
     def stop(self) -> None:
+        self.loop.health.not_ready("stopping")
         self.stopping.ask()
 
     async def serve(self) -> None:
@@ -155,6 +157,7 @@ class StageRuntime:
                     self.loop.rewind()
             await self._drain()
         except IdInUse as exc:
+            self.loop.health.fenced(str(exc))
             raise SystemExit(f"stage {self.stage.name}: {exc}") from exc
         except Stopped as exc:
             log.warning("stage %s: stopped while the cluster did not answer (%s); what was not "

@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rollstream import health
 from rollstream.codec import DecodeError, codec, unpack_ids
 from rollstream.config import Settings
 from rollstream.events import DEAD_LETTER, POLICY_VERSION, SCORED_TRAJECTORY, TRAJECTORY
@@ -239,5 +240,11 @@ def build_app(settings: Settings, web_port: int, datadir: Path, partitions: int,
     @app.timer(interval=PUBLISH_INTERVAL_S)
     async def publish() -> None:
         await stats_topic.send(key=b"summary", value=json.dumps(snapshot()).encode())
+
+    ready = health.component("stats", "joining group " + settings.topics.group(STATS))
+
+    @app.on_rebalance_complete.connect
+    async def rebalanced(sender: Any, **_: Any) -> None:  # tables recovered: counting again
+        ready.ready()
 
     return app

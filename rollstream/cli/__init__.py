@@ -14,6 +14,7 @@ from rollstream.cli import (
     dlq,
     envs,
     harness_tasks,
+    plan,
     publish,
     sandbox,
     schemas,
@@ -47,6 +48,7 @@ FEATURE_MODULES = [
     status,
     dlq,
     stats,
+    plan,
 ]
 
 

@@ -12,7 +12,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import replace
 from typing import Any
 
-from rollstream import config, metrics
+from rollstream import config, health, metrics
 from rollstream.config import Settings
 from rollstream.kafka_errors import (
     EX_CONFIG,
@@ -56,9 +56,10 @@ def log_to_stderr() -> None:
 
 
 def start_service(args: argparse.Namespace) -> Settings:
-    """A long-running process's start: logs to stderr, its settings, /metrics when asked, and
-    the broker reached: an unreachable one is waited for (logged every few seconds), refused
-    credentials or TLS trust stop the process (AccessDenied, exit 77)."""
+    """A long-running process's start: logs to stderr, its settings, /metrics, /health and
+    /ready (on by default: see rollstream.metrics), and the broker reached: an unreachable one
+    is waited for (logged every few seconds, and /ready says so), refused credentials or TLS
+    trust stop the process (AccessDenied, exit 77)."""
     from rollstream.sandbox.settings import configure
 
     log_to_stderr()
@@ -73,13 +74,16 @@ def start_service(args: argparse.Namespace) -> Settings:
 
 
 def wait_for_broker(settings: Settings, every_s: float = 5.0) -> None:
+    reached = health.component("kafka", f"connecting to {settings.bootstrap_servers}")
     while True:
         try:
             check_broker(settings.kafka(), every_s)
+            reached.ready()
             return
         except KafkaProblem as exc:
             if exc.exit_code == EX_NOPERM:
                 raise AccessDenied(str(exc)) from None
+            reached.not_ready(str(exc))
             logging.getLogger("rollstream").warning("%s; retrying", exc)
 
 

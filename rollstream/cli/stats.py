@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from rollstream import config
+from rollstream import config, metrics
 from rollstream.cli import common
 
 
@@ -40,6 +40,8 @@ def run(args: argparse.Namespace) -> int:
                          "'rollstream[stats]'") from exc
 
     settings = common.settings(args, "scored")
+    common.log_to_stderr()
+    metrics.serve(settings.metrics_port)  # /health and /ready beside faust's web server
     scored = settings.topics.scored
     meta = AdminClient(settings.kafka()).list_topics(scored, timeout=30).topics.get(scored)
     if meta is None or meta.error is not None:

@@ -6,7 +6,7 @@ import argparse
 import json
 import time
 
-from rollstream import config, metrics
+from rollstream import config, health, metrics
 from rollstream.cli import common
 from rollstream.status import Inspector, render
 
@@ -33,10 +33,15 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     settings = common.settings(args)
-    metrics.serve(settings.metrics_port)
+    # Only a watching status runs long enough to serve metrics and probes (its port logged).
+    if args.watch:
+        common.log_to_stderr()
+    metrics.serve(settings.metrics_port if args.watch else metrics.OFF)
+    ready = health.component("status", "first look at the pipeline")
     inspector = Inspector(settings, args.metrics_url)
     try:
         metrics.pipeline_status(inspector.snapshot())  # the first look: rates need two
+        ready.ready()
         if args.json:
             while True:
                 time.sleep(args.interval)

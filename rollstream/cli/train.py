@@ -8,7 +8,7 @@ import logging
 import statistics
 from pathlib import Path
 
-from rollstream import config
+from rollstream import config, health
 from rollstream.cli import common
 from rollstream.graph import PRINTER
 
@@ -85,6 +85,7 @@ def run_train(args: argparse.Namespace) -> int:
         # meet at every op crawl on a busy machine (a step: 6 s on one, 11-65 s on two, load 20).
         torch.set_num_threads(1)
     settings = common.start_service(args)
+    health.component("bridge", "loading the model")  # the bridge takes it over once it joins
     policy = GroupPolicy(normalize_std=not args.dr_grpo, max_staleness=args.max_staleness,
                          group_timeout_s=args.group_timeout, incomplete=args.incomplete,
                          drop_zero_variance=not args.keep_zero_variance)
@@ -100,8 +101,7 @@ def run_bridge(args: argparse.Namespace) -> int:
     from rollstream.checkpoint import Rewind
     from trainer_bridge.bridge import TrainerBridge
 
-    common.log_to_stderr()
-    settings = common.settings(args)
+    settings = common.start_service(args)
     group = args.group or settings.topics.group(PRINTER)
     printed = 0
     while args.max_batches is None or printed < args.max_batches:

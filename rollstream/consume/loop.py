@@ -26,7 +26,7 @@ from typing import Protocol
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from rollstream import kafka, metrics
+from rollstream import health, kafka, metrics
 from rollstream.checkpoint import (
     CALL_TIMEOUT_S,
     Checkpoint,
@@ -57,7 +57,7 @@ class Work(Protocol):
 
 class ConsumeLoop:
     def __init__(self, settings: Settings, topic: str, group: str, name: str, work: Work, *,
-                 restores: bool = False,
+                 restores: bool = False, health_name: str = "",
                  deadline: Callable[[], float | None] = lambda: None) -> None:
         self.settings = settings
         self.topic = topic
@@ -71,6 +71,8 @@ class ConsumeLoop:
         self.poison = Poison(self.checkpoint)
         self.stats: Counter[str] = Counter()
         self.metrics = metrics.for_stage(name)
+        # /ready: ready once the group gave this process its share of partitions.
+        self.health = health.component(health_name or name, "joining group " + group)
         self.idle = True  # the last poll found no more input waiting
         self._fences = FenceCounter(f"consumer of group {group}")
         self._failed: KafkaError | None = None  # the consumer cannot go on: rebuild it
@@ -87,6 +89,7 @@ class ConsumeLoop:
 
     def close(self) -> None:
         """Leave the group (a revoke commits first) and let the producer go, all bounded."""
+        self.health.not_ready("closed")
         close_bounded(self.consumer, CALL_TIMEOUT_S)
         self.checkpoint.close()
 
@@ -251,6 +254,7 @@ class ConsumeLoop:
         close it and join the group again with a new one."""
         log.warning("%s: consumer failed (%s); rejoining with a new one", self.name, err)
         if fenced:
+            self.health.fenced(f"consumer of group {self.group}: {err}")
             self._fences.fenced(err)
         self.stats["consumer_rebuilds"] += 1
         self._forget()
@@ -287,6 +291,7 @@ class ConsumeLoop:
         log.info("%s: assigned %s", self.name, [tp.partition for tp in partitions])
         self.metrics.rebalanced("assigned")
         committed = self._take(consumer, partitions)
+        self.health.ready()
         kafka.start_at_committed(consumer, committed)
         if self.restores and committed:
             # Paused before the first fetch: nothing is handed out before the state is back.
@@ -318,6 +323,7 @@ class ConsumeLoop:
         parts = {tp.partition for tp in partitions}
         log.warning("%s: lost %s", self.name, sorted(parts))
         self.metrics.rebalanced("lost")
+        self.health.not_ready("partitions lost; rejoining")
         self.work.release(parts)
         self.held.drop(consumer, parts)
         # What the open transaction holds may be for the lost partitions: it must not commit

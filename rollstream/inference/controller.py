@@ -42,7 +42,7 @@ from typing import Any
 
 import aiohttp
 
-from rollstream import config, metrics
+from rollstream import config, health, metrics
 from rollstream.wire import VERSION_PATH, lora_name, lora_version
 
 log = logging.getLogger("rollstream.inference.controller")
@@ -289,6 +289,7 @@ class Controller:
         self.latest: dict | None = None
         self.applied: dict[str, int] = {}
         self._stopping = False
+        self.health = health.component("controller", "reading the policy topic")
 
     def stop(self) -> None:
         self._stopping = True
@@ -302,6 +303,8 @@ class Controller:
                     if self.reader.poll():
                         self.latest = self.reader.latest
                         next_check = 0.0  # apply now
+                    if self.reader.at_end:
+                        self.health.ready()
                     now = asyncio.get_running_loop().time()
                     if self.latest is not None and now >= next_check:
                         await self.reconcile(session)
