@@ -14,7 +14,7 @@ import pytest
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from rollstream import kafka, stats
+from rollstream import analytics, kafka
 from rollstream.codec import codec
 from rollstream.config import Settings
 from rollstream.dev.processes import ProcessGroup, free_port
@@ -233,10 +233,10 @@ def test_stats_windows_expire_while_the_totals_stay_whole(settings: Settings,
     start_stats(procs, settings, port, tmp_path / "data")
     # Per partition: the tumbling windows that end within the expiry, the hopping ones that
     # end within it or are still open, and one cleanup interval's worth of each.
-    expires = int(stats.EXPIRES.total_seconds())
-    bound = 4 * ((expires + stats.TUMBLING_S) // stats.TUMBLING_S
-                 + (expires + stats.HOPPING_S) // stats.HOP_S + 2)
-    unbounded = 4 * (span_s // stats.TUMBLING_S + span_s // stats.HOP_S)
+    expires = int(analytics.EXPIRES.total_seconds())
+    bound = 4 * ((expires + analytics.TUMBLING_S) // analytics.TUMBLING_S
+                 + (expires + analytics.HOPPING_S) // analytics.HOP_S + 2)
+    unbounded = 4 * (span_s // analytics.TUMBLING_S + span_s // analytics.HOP_S)
 
     def bounded(deadline: float) -> dict:
         snap: dict = {}
