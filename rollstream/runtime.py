@@ -17,7 +17,7 @@ work around it:
   alone refuses (a topic configured smaller than declared) fails its transaction once, and
   when the rewound input comes again it is dead-lettered; a dead letter too large for its
   topic keeps its coordinates and reason, its original bytes cut and marked so;
-- the transaction is `rollstream.checkpoint.Checkpoint`, which classifies every Kafka error:
+- the transaction is `rollstream.transaction.Checkpoint`, which classifies every Kafka error:
   retriable ones are retried (bounded), abortable ones abort, fenced or fatal ones rebuild the
   producer; either way the runtime rewinds to the committed offsets and redoes what was not
   committed. A consumer that hits a fatal error (e.g. a static member fenced after a broker
@@ -25,7 +25,7 @@ work around it:
   process with a message saying so (`IdInUse`);
 - SIGTERM/SIGINT: stop taking events, let in-flight ones finish within the drain timeout,
   commit (one bounded call more), leave the group (bounded): every blocking Kafka call is
-  bounded or abandoned (see checkpoint.py), so a cluster that does not answer cannot keep the
+  bounded or abandoned (see transaction.py), so a cluster that does not answer cannot keep the
   process alive.
 """
 
@@ -48,7 +48,12 @@ from typing import Any, ClassVar
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from rollstream import kafka, metrics
-from rollstream.checkpoint import (
+from rollstream.codec import DecodeError, codec
+from rollstream.config import Settings, Topics
+from rollstream.events import DEAD_LETTER
+from rollstream.offsets import PartitionProgress, decode_done
+from rollstream.topics import record_limits
+from rollstream.transaction import (
     CALL_TIMEOUT_S,
     Checkpoint,
     FenceCounter,
@@ -60,11 +65,6 @@ from rollstream.checkpoint import (
     close_bounded,
     fatal,
 )
-from rollstream.codec import DecodeError, codec
-from rollstream.config import Settings, Topics
-from rollstream.events import DEAD_LETTER
-from rollstream.offsets import PartitionProgress, decode_done
-from rollstream.topics import record_limits
 
 log = logging.getLogger("rollstream.runtime")
 

@@ -5,13 +5,13 @@ on different partitions and out of order, so each partition's commit is its lowe
 offset, and acknowledged offsets above it travel in the commit metadata (rollstream/offsets.py).
 With `transactional=True`, `Batch.ack(outputs)` commits the offsets and the trainer's outputs
 (its PolicyVersion event) in one Kafka transaction, through the same exactly-once checkpoint as
-the stage runtime (rollstream/checkpoint.py: retriable errors retried, bounded; abortable ones
+the stage runtime (rollstream/transaction.py: retriable errors retried, bounded; abortable ones
 aborted; a fenced or failed producer dropped and rebuilt). A trainer restarted from the last
 committed PolicyVersion sees exactly the batches that version was not trained on, so none is
 lost and none is trained twice.
 
 When an ack could not commit (aborted, fenced, the group's partitions lost) or the consumer
-failed for good, the bridge raises `rollstream.checkpoint.Rewind`: the trainer's state now
+failed for good, the bridge raises `rollstream.transaction.Rewind`: the trainer's state now
 includes batches that are not committed, so the trainer must go back to the last committed
 PolicyVersion and open a new bridge (trainer_bridge/train_loop.py does this).
 """
@@ -28,7 +28,13 @@ from typing import Any
 from confluent_kafka import KafkaException, TopicPartition
 
 from rollstream import kafka
-from rollstream.checkpoint import (
+from rollstream.codec import DecodeError, codec
+from rollstream.config import Settings
+from rollstream.events import SCORED_TRAJECTORY
+from rollstream.graph import BRIDGE
+from rollstream.offsets import PartitionProgress, decode_done
+from rollstream.runtime import Output, dead_letter
+from rollstream.transaction import (
     RETRY_S,
     Checkpoint,
     Rewind,
@@ -36,13 +42,7 @@ from rollstream.checkpoint import (
     close_bounded,
     fatal,
 )
-from rollstream.checkpoint import committed as read_committed
-from rollstream.codec import DecodeError, codec
-from rollstream.config import Settings
-from rollstream.events import SCORED_TRAJECTORY
-from rollstream.graph import BRIDGE
-from rollstream.offsets import PartitionProgress, decode_done
-from rollstream.runtime import Output, dead_letter
+from rollstream.transaction import committed as read_committed
 from trainer_bridge.groups import Group, GroupAssembler, GroupPolicy, Sample
 
 log = logging.getLogger("trainer_bridge.bridge")

@@ -97,7 +97,7 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def run_bridge(args: argparse.Namespace) -> int:
-    from rollstream.checkpoint import Rewind
+    from rollstream.transaction import Rewind
     from trainer_bridge.bridge import TrainerBridge
 
     common.log_to_stderr()

@@ -1,4 +1,4 @@
-"""One exactly-once checkpoint: outputs and input offsets committed in one Kafka transaction.
+"""One exactly-once transaction: outputs and input offsets committed in one Kafka transaction.
 
 The stage runtime (rollstream/runtime.py) and the trainer bridge (trainer_bridge/bridge.py) both
 commit through `Checkpoint`. What it guarantees, and what each kind of Kafka error does:
@@ -48,7 +48,7 @@ from rollstream import kafka
 from rollstream.codec import headers_for
 from rollstream.config import Settings
 
-log = logging.getLogger("rollstream.checkpoint")
+log = logging.getLogger("rollstream.transaction")
 
 CALL_TIMEOUT_S = 5.0  # the timeout given to each blocking Kafka call
 # A checkpoint's transaction spans one commit interval (well under a second), so only a stuck
