@@ -24,7 +24,7 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--idle-timeout", type=float, default=None,
                         help="stop after this many seconds without new events")
     parser.add_argument("--group", default=None,
-                        help="consumer group (default <prefix>.printer; never the trainer's "
+                        help="consumer group (default <prefix>.batch-printer; never the trainer's "
                              "<prefix>.bridge, or the two would split <prefix>.scored)")
     config.add_arguments(parser)
     parser.set_defaults(func=run_bridge)
