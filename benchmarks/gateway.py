@@ -53,7 +53,7 @@ def _task() -> dict[str, Any]:
 async def _measure(url: str, episodes: int) -> dict[str, list[int]]:
     stage = RunStage(dataclasses.replace(Settings(), policy_url=url))
     await stage.start()
-    gateway = stage._gateway()
+    gateway = stage.gateway
     await gateway.start()
     direct = InferenceClient(url)
     stops = stage.template.stop_token_ids

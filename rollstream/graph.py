@@ -25,7 +25,7 @@ DAY_MS = 24 * 3600 * 1000
 
 # Consumer groups (each named <prefix>.<group>, see Topics.group).
 INIT, RUN, EVAL, BRIDGE, STATS = "init", "run", "eval", "bridge", "stats"
-PRINTER = "printer"  # `rollstream bridge`, which prints batches instead of training
+PRINTER = "batch-printer"  # `rollstream bridge`, which prints batches instead of training
 STAGES = (INIT, RUN, EVAL)
 # Writers that are not consumer groups; `redrive` (`rollstream dlq redrive`) sends dead letters
 # back to the topic they came from (and records them on <p>.dlq-redriven).

@@ -14,7 +14,7 @@ from the shared consume loop (rollstream/consume/) and produces its outputs ther
 - events that cannot be decoded or are invalid go to the dead-letter topic with their reason
   and source coordinates, in the same transaction; the stage keeps going; poison outputs
   cannot stop a partition (rollstream/consume/deadletters.py);
-- the transaction is `rollstream.checkpoint.Checkpoint`, which classifies every Kafka error:
+- the transaction is `rollstream.transaction.Checkpoint`, which classifies every Kafka error:
   retriable ones are retried (bounded), abortable ones abort, fenced or fatal ones rebuild the
   producer; either way the runtime rewinds to the committed offsets and redoes what was not
   committed. A consumer that hits a fatal error is rebuilt and rejoins
@@ -37,7 +37,6 @@ from typing import Any, ClassVar
 
 from confluent_kafka import Message
 
-from rollstream.checkpoint import IdInUse, Interrupt, RecordRefused, Rewind, Stopped
 from rollstream.codec import DecodeError, codec
 from rollstream.config import Settings, Topics
 from rollstream.consume.commit import CommitClock
@@ -47,6 +46,7 @@ from rollstream.consume.records import InvalidEvent, Output, OutputTooLarge
 from rollstream.consume.restores import Restores
 from rollstream.consume.stopping import Stopping
 from rollstream.offsets import PartitionProgress
+from rollstream.transaction import IdInUse, Interrupt, RecordRefused, Rewind, Stopped
 
 # Stages import these from here.
 __all__ = ["EventContext", "InvalidEvent", "Output", "OutputTooLarge", "Stage", "StageRuntime",

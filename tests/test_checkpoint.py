@@ -17,7 +17,10 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from rollstream import kafka
-from rollstream.checkpoint import (
+from rollstream.codec import codec
+from rollstream.config import Settings
+from rollstream.runtime import Output
+from rollstream.transaction import (
     FENCE_LIMIT,
     HUNG_S,
     Checkpoint,
@@ -26,9 +29,6 @@ from rollstream.checkpoint import (
     Rewind,
     classify,
 )
-from rollstream.codec import codec
-from rollstream.config import Settings
-from rollstream.runtime import Output
 from tests.test_bridge import publish_groups
 from trainer_bridge.bridge import Batch, TrainerBridge
 

@@ -16,7 +16,7 @@ from fastavro import parse_schema, schemaless_reader
 import schemas
 from rollstream.cli import main as cli
 from rollstream.codec import Codec, DecodeError, codec, headers_for, spec_fingerprint
-from rollstream.contracts import SchemaSet, check
+from rollstream.schema_tools import SchemaSet, check
 from tests.avro_reference import SCHEMAS, Reference, parse_files
 from tests.scored_factory import scored
 

@@ -18,7 +18,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-import stages.run
+import rollstream.turns
 from rollstream.codec import unpack_ids
 from rollstream.dev.background import BackgroundServer
 from rollstream.dev.processes import free_port
@@ -72,7 +72,7 @@ async def with_harness(url: str, test: Any, max_turns: int = 8,
                        max_total_tokens: int | None = None) -> None:
     stage = RunStage(run_settings([url]))
     await stage.start()
-    gateway = stage._gateway()
+    gateway = stage.gateway
     await gateway.start()
     task = {"task_id": "t", "env": "harness", "prompt": "", "data": "{}",
             "max_turns": max_turns, "group_size": 1,
@@ -144,7 +144,7 @@ def test_every_sample_is_the_templates_rendering_or_a_flagged_new_sample(
         trajectory.update(h.episode.trajectory)
         # A checkpoint after every call, holding every turn so far.
         assert [len(o.value["turns"]) for o in h.emitted] == [1, 2, 3, 4]
-        assert {o.topic for o in h.emitted} == {h.gateway.stage.topics.episode_state}
+        assert {o.topic for o in h.emitted} == {run_settings([]).topics.episode_state}
 
     asyncio.run(with_harness(policy_url, run))
     turns = trajectory["turns"]
@@ -246,7 +246,7 @@ def test_bad_requests_are_refused_with_a_reason(policy_url: str) -> None:
 
 def test_inference_down_past_the_retry_budget_is_infra(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(stages.run, "RETRY_DELAYS_S", (0.01, 0.01))
+    monkeypatch.setattr(rollstream.turns, "RETRY_DELAYS_S", (0.01, 0.01))
 
     async def run(h: Harness) -> None:
         status, body = await h.post({"messages": [{"role": "user", "content": TASK_TEXT}]})

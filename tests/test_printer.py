@@ -37,5 +37,5 @@ def test_printer_commits_in_its_own_group_not_the_trainers(settings: Settings) -
         finally:
             consumer.close()
 
-    assert committed(f"{settings.prefix}.printer") == 4
+    assert committed(f"{settings.prefix}.batch-printer") == 4
     assert committed(f"{settings.prefix}.bridge") == 0  # the trainer's group: untouched

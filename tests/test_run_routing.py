@@ -194,7 +194,7 @@ def test_version_stamps_come_from_the_server_or_the_lora_adapter_named() -> None
 @pytest.mark.parametrize("fault", ["error", "hang", "drop", "refused"])
 def test_failing_server_ends_the_episode_as_infra_never_reward_zero(
         fault: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("stages.run.RETRY_DELAYS_S", (0.05, 0.1, 0.2))
+    monkeypatch.setattr("rollstream.turns.RETRY_DELAYS_S", (0.05, 0.1, 0.2))
     with Fleet([SimulatedServer()]) as fleet:
 
         async def main() -> list[dict]:

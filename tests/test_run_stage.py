@@ -111,7 +111,7 @@ def test_failing_server_ends_the_episode_as_infra_not_reward_zero(
         "episode_id": "resume-1#0", "task": task, "sample_index": 0, "created_at_ms": 1,
     }), key="resume-1#0")
     producer.flush()
-    monkeypatch.setattr("stages.run.RETRY_DELAYS_S", (0.05, 0.05))
+    monkeypatch.setattr("rollstream.turns.RETRY_DELAYS_S", (0.05, 0.05))
     # Healthy by /health (so RUN takes the episode), but every completion's connection drops.
     with Fleet([SimulatedServer(fault="drop")]) as fleet:
         settings = replace(settings, policy_url=fleet.urls[0],

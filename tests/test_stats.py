@@ -14,7 +14,7 @@ import pytest
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from rollstream import kafka
+from rollstream import analytics, kafka
 from rollstream.codec import codec
 from rollstream.config import Settings
 from rollstream.dev.processes import ProcessGroup, free_port
@@ -69,6 +69,16 @@ def direct_count(settings: Settings) -> tuple[Counter, dict[str, float], Counter
         if event["reward"] is not None:
             rewards[version] = rewards.get(version, 0.0) + event["reward"]
     return episodes, rewards, classes
+
+
+def direct_windows(settings: Settings) -> tuple[int, int]:
+    """Episodes in <p>.scored's newest 10 s window and in the oldest 1 min window (10 s hops)
+    that holds it, by the records' own timestamps."""
+    parts = [TopicPartition(settings.topics.scored, p, 0) for p in range(4)]
+    seconds = [msg.timestamp()[1] / 1000 for msg in kafka.read_partitions(settings, parts)]
+    newest = max(seconds) // 10 * 10
+    return (sum(newest <= s < newest + 10 for s in seconds),
+            sum(newest - 50 <= s < newest + 10 for s in seconds))
 
 
 def start_stats(procs: ProcessGroup, settings: Settings, port: int, datadir: Path) -> None:
@@ -199,3 +209,57 @@ def test_stats_totals_stay_exact_after_a_sigkill(settings: Settings, tmp_path: P
     assert {v: row["episodes"] for v, row in total["by_version"].items()} == episodes
     for version, row in total["by_version"].items():
         assert row["mean_reward"] * row["rewarded"] == pytest.approx(rewards[version])
+    # The windowed tables too, though the restart recovered them from their changelogs.
+    assert (snap["this_10s"]["episodes"], snap["last_1m"]["episodes"]) == direct_windows(settings)
+
+
+@pytest.mark.slow
+def test_stats_windows_expire_while_the_totals_stay_whole(settings: Settings,
+                                                           tmp_path: Path) -> None:
+    """Ten minutes of events (by their timestamps): the windowed tables drop what has expired,
+    so memory is bounded by the windows a minute holds, while the all-time totals and the
+    newest windows still equal a direct count."""
+    n, span_s = 300, 600
+    producer = kafka.producer(settings)
+    now_ms = int(time.time() * 1000)
+    for i in range(n):
+        event = scored(f"w{i // 4}", i % 4, 1.0, version=0)
+        producer.produce(settings.topics.scored, codec().encode("ScoredTrajectory", event),
+                         event["trajectory"]["episode_id"],
+                         timestamp=now_ms - (n - 1 - i) * span_s * 1000 // n)
+    producer.flush(30)
+    port = free_port()
+    procs = ProcessGroup(tmp_path)
+    start_stats(procs, settings, port, tmp_path / "data")
+    # Per partition: the tumbling windows that end within the expiry, the hopping ones that
+    # end within it or are still open, and one cleanup interval's worth of each.
+    expires = int(analytics.EXPIRES.total_seconds())
+    bound = 4 * ((expires + analytics.TUMBLING_S) // analytics.TUMBLING_S
+                 + (expires + analytics.HOPPING_S) // analytics.HOP_S + 2)
+    unbounded = 4 * (span_s // analytics.TUMBLING_S + span_s // analytics.HOP_S)
+
+    def bounded(deadline: float) -> dict:
+        snap: dict = {}
+        while (snap.get("total", {}).get("episodes") != n
+               or snap.get("windows_held", unbounded) > bound):
+            procs.check_alive()
+            assert time.monotonic() < deadline, f"windows never expired: {snap}"
+            time.sleep(1)
+            snap = fetch(port)
+        return snap
+
+    try:
+        first = bounded(time.monotonic() + 90)
+        # A restart recovers every window its changelogs still hold, the expired ones too.
+        procs.kill("stats")
+        start_stats(procs, settings, port, tmp_path / "data")
+        snap = bounded(time.monotonic() + 90)
+    finally:
+        procs.stop_all()
+        delete_stats_topics(settings)
+
+    assert bound < unbounded / 4
+    assert 0 < first["windows_held"] <= bound and 0 < snap["windows_held"] <= bound
+    episodes, _, _ = direct_count(settings)
+    assert snap["total"]["episodes"] == sum(episodes.values()) == n
+    assert (snap["this_10s"]["episodes"], snap["last_1m"]["episodes"]) == direct_windows(settings)

@@ -90,7 +90,7 @@ def test_reload_mid_run_reaches_0_12_and_0_33_with_no_infra_failure(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # 0.12 reloads only from its launch path, so the checkpoint is written in place there;
     # 0.33 is told the same path. A small retry budget: a window counted as failures would show.
-    monkeypatch.setattr("stages.run.RETRY_DELAYS_S", (0.05, 0.05))
+    monkeypatch.setattr("rollstream.turns.RETRY_DELAYS_S", (0.05, 0.05))
     path = checkpoint(tmp_path / "policy.safetensors", 0)
     old, new = (VllmStandIn("0.12.0", path, reload_delay_s=1.0),
                 VllmStandIn("0.33.0", path, reload_delay_s=1.0))
@@ -189,7 +189,7 @@ def test_run_waits_out_a_paused_0_33_server_without_an_infra_failure(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Someone pauses with mode=wait: vLLM 0.33 answers 503 until /resume, for longer than
     # RUN's whole retry budget.
-    monkeypatch.setattr("stages.run.RETRY_DELAYS_S", (0.05, 0.05))
+    monkeypatch.setattr("rollstream.turns.RETRY_DELAYS_S", (0.05, 0.05))
     server = VllmStandIn("0.33.0", checkpoint(tmp_path / "p.safetensors", 0))
     with standins(server) as [url]:
 
@@ -216,7 +216,7 @@ def test_run_waits_out_a_paused_0_33_server_without_an_infra_failure(
 def test_run_waits_out_responses_without_a_version_stamp(monkeypatch: pytest.MonkeyPatch) -> None:
     # A stamping server answers without a stamp for a while (inside a middleware update
     # window): RUN samples those turns again, past its retry budget, with no infra failure.
-    monkeypatch.setattr("stages.run.RETRY_DELAYS_S", (0.05, 0.05))
+    monkeypatch.setattr("rollstream.turns.RETRY_DELAYS_S", (0.05, 0.05))
     server = SimulatedServer(step_s=lambda running: 0.005)
     with Fleet([server]) as fleet:
 

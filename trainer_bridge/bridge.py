@@ -12,7 +12,7 @@ trainer restarted from the last committed PolicyVersion sees exactly the batches
 was not trained on, so none is lost and none is trained twice.
 
 When an ack could not commit (aborted, fenced), or the partitions of the batch it acknowledges
-were revoked or lost since it was handed out, it raises `rollstream.checkpoint.Rewind`: the
+were revoked or lost since it was handed out, it raises `rollstream.transaction.Rewind`: the
 trainer's state now includes batches that are not committed, so the trainer must go back to the
 last committed PolicyVersion and open a new bridge (trainer_bridge/train_loop.py does this).
 Between batches, the bridge rides out lost partitions and failed consumers by itself.
@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 
 from confluent_kafka import Message
 
-from rollstream.checkpoint import Rewind
 from rollstream.codec import DecodeError, codec
 from rollstream.config import Settings
 from rollstream.consume.deadletters import Encoder, dead_letter
@@ -37,6 +36,7 @@ from rollstream.consume.records import Output
 from rollstream.events import SCORED_TRAJECTORY
 from rollstream.graph import BRIDGE
 from rollstream.offsets import PartitionProgress
+from rollstream.transaction import Rewind
 from trainer_bridge.groups import Group, GroupAssembler, GroupPolicy, Sample
 
 

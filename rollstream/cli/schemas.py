@@ -7,8 +7,8 @@ import argparse
 from pathlib import Path
 
 import schemas
-from rollstream import contracts
-from rollstream.contracts import DEFAULT_DIR, TABLE, SchemaSet, check, export
+from rollstream import schema_tools
+from rollstream.schema_tools import DEFAULT_DIR, TABLE, SchemaSet, check, export
 
 
 def _check_cmd(args: argparse.Namespace) -> int:
@@ -32,7 +32,7 @@ def _export_cmd(args: argparse.Namespace) -> int:
 
 
 def register_cli(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("schemas", description=contracts.__doc__,
+    p = sub.add_parser("schemas", description=schema_tools.__doc__,
                        help="Check schema evolution; export schemas for other languages.")
     inner = p.add_subparsers(dest="schemas_command", metavar="ACTION", required=True)
     c = inner.add_parser(

@@ -31,7 +31,7 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from confluent_kafka.admin import AdminClient
 
-    from rollstream.stats import build_app
+    from rollstream.analytics import build_app
 
     try:
         import faust

@@ -24,7 +24,7 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--idle-timeout", type=float, default=None,
                         help="stop after this many seconds without new events")
     parser.add_argument("--group", default=None,
-                        help="consumer group (default <prefix>.printer; never the trainer's "
+                        help="consumer group (default <prefix>.batch-printer; never the trainer's "
                              "<prefix>.bridge, or the two would split <prefix>.scored)")
     config.add_arguments(parser, "kafka")
     parser.set_defaults(func=run_bridge)
@@ -98,7 +98,7 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def run_bridge(args: argparse.Namespace) -> int:
-    from rollstream.checkpoint import Rewind
+    from rollstream.transaction import Rewind
     from trainer_bridge.bridge import TrainerBridge
 
     settings = common.start_service(args)

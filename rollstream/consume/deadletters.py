@@ -14,12 +14,12 @@ import time
 
 from confluent_kafka import Message
 
-from rollstream.checkpoint import Checkpoint
 from rollstream.codec import Codec
 from rollstream.config import Settings, Topics
 from rollstream.consume.records import Output, OutputTooLarge
 from rollstream.events import DEAD_LETTER
 from rollstream.topics import record_limits
+from rollstream.transaction import Checkpoint
 
 DEAD_LETTER_ROOM = 64 * 1024  # bytes kept free in a dead letter for everything but key and value
 

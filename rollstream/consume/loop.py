@@ -7,7 +7,7 @@ What it does for whoever runs on it (the stage runtime, the trainer bridge):
 - revoked partitions: their in-flight work goes to the next owner, what finished is committed
   first; lost partitions (the session expired): dropped, nothing of them committed, and the
   rest redone from the last commit (a rewind);
-- one Kafka transaction (rollstream/checkpoint.py) holding the outputs and the input offsets;
+- one Kafka transaction (rollstream/transaction.py) holding the outputs and the input offsets;
   while it waits on the cluster the group is served (see `CommitInFlight`);
 - a consumer that failed for good (e.g. a static member fenced after a broker restart) is
   rebuilt and rejoins; an id that another live process keeps fencing stops the process with a
@@ -27,7 +27,12 @@ from typing import Protocol
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from rollstream import health, kafka, metrics
-from rollstream.checkpoint import (
+from rollstream.config import Settings
+from rollstream.consume.commit import CommitInFlight
+from rollstream.consume.deadletters import Poison
+from rollstream.consume.held import Held
+from rollstream.kafka_errors import raise_if_denied
+from rollstream.transaction import (
     CALL_TIMEOUT_S,
     Checkpoint,
     FenceCounter,
@@ -36,11 +41,6 @@ from rollstream.checkpoint import (
     close_bounded,
     fatal,
 )
-from rollstream.config import Settings
-from rollstream.consume.commit import CommitInFlight
-from rollstream.consume.deadletters import Poison
-from rollstream.consume.held import Held
-from rollstream.kafka_errors import raise_if_denied
 
 log = logging.getLogger("rollstream.consume")
 

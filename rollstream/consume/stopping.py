@@ -2,7 +2,7 @@
 
 SIGTERM/SIGINT: stop taking events, let in-flight ones finish within the drain timeout, commit
 (one bounded call more), leave the group (bounded): every blocking Kafka call is bounded by
-`deadline` or abandoned (see checkpoint.py), so a cluster that does not answer cannot keep the
+`deadline` or abandoned (see transaction.py), so a cluster that does not answer cannot keep the
 process alive.
 """
 
@@ -12,7 +12,7 @@ import contextlib
 import signal
 import time
 
-from rollstream.checkpoint import CALL_TIMEOUT_S
+from rollstream.transaction import CALL_TIMEOUT_S
 
 
 class Stopping:

@@ -26,7 +26,7 @@ import re
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from rollstream.events import FailureClass
 
@@ -50,11 +50,19 @@ class Score:
     verifier: dict  # details, JSON-serializable
 
 
+# How RUN plays an environment's episodes: "steps", RUN samples each turn and hands the
+# completion to `step`; "harness", an agent harness runs its own loop against RUN's recording
+# gateway (rollstream.envs.harness), which records each of its calls as a turn.
+EnvKind = Literal["steps", "harness"]
+ENV_KINDS: tuple[EnvKind, ...] = ("steps", "harness")
+
+
 class Environment(ABC):
     """A task family: turns a model's completions into observations, and scores the episode."""
 
     name: ClassVar[str]
     description: ClassVar[str]
+    kind: ClassVar[EnvKind] = "steps"
     # The chat role of an observation that answers a tool call: "tool" renders it as a tool
     # result in the model's template (append-only for tool-trained templates), "user" as text.
     observation_role: ClassVar[str] = "user"

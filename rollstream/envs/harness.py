@@ -116,6 +116,7 @@ class HarnessExit:
 
 class HarnessEnv(SweEnv):
     name = "harness"
+    kind = "harness"
     description = ("any agent harness, unmodified, against RUN's OpenAI-compatible gateway; "
                    "SWE tasks in a sandbox, tests score")
 

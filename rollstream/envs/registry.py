@@ -13,7 +13,7 @@ from functools import cache
 from importlib.metadata import entry_points
 
 from rollstream.envs.arithmetic import Arithmetic
-from rollstream.envs.base import Environment
+from rollstream.envs.base import ENV_KINDS, Environment
 from rollstream.envs.copy_letter import CopyLetter
 from rollstream.envs.guess_number import GuessNumber
 from rollstream.envs.harness import HarnessEnv
@@ -54,6 +54,9 @@ def _environments() -> dict[str, type[Environment]]:
             raise RuntimeError(
                 f"env plug-in {ep.name!r} ({ep.value}) is not an Environment subclass"
             )
+        if cls.kind not in ENV_KINDS:
+            raise RuntimeError(f"env plug-in {ep.name!r} ({ep.value}) has kind {cls.kind!r}; "
+                               f"known: {', '.join(ENV_KINDS)}")
         found[ep.name] = cls
     return found
 

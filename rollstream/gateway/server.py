@@ -6,11 +6,10 @@ pointed at the gateway with OPENAI_BASE_URL / OPENAI_API_KEY and runs its own lo
 1. the messages (tools and tool calls included) are rendered with RUN's chat template and
    continued token-exactly from the episode's previous call, or split as a new sample
    (rollstream.gateway.messages);
-2. the prompt goes through RUN's router and retry budget, exactly as a RUN turn does (session
-   affinity, least load, retries, policy version stamps);
-3. the completion is recorded as a Turn (ids, logprobs, policy version; tool calls parsed with
-   the swe environment's parsers) and the episode is checkpointed to episode-state;
-4. the answer goes back as an OpenAI chat completion, or as server-sent events when the
+2. the prompt is sampled, recorded as a Turn and checkpointed to episode-state by the very
+   turn RUN's own loop takes (rollstream.turns: router, retry budget, budgets, failures), the
+   tool calls parsed with the swe environment's parsers;
+3. the answer goes back as an OpenAI chat completion, or as server-sent events when the
    request asks for `stream`.
 
 Calls of one episode are served one at a time, in arrival order (a turn extends the previous
@@ -31,22 +30,16 @@ import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
 from rollstream.envs.base import StepResult
 from rollstream.gateway.messages import BadChatRequest, PromptBuilder, assistant_message, normalize
-from rollstream.inference.chat import ChatTemplate
-from rollstream.inference.client import (
-    Completion,
-    ContextOverflow,
-    InferenceError,
-    InferenceUnavailable,
-    TextMismatch,
-)
+from rollstream.inference.client import InferenceError
 from rollstream.runtime import EventContext
 from rollstream.sandbox import SandboxError
+from rollstream.turns import Episode, EpisodeEnded, Turns
 
 if TYPE_CHECKING:
     from rollstream.envs.harness import HarnessEnv
@@ -54,10 +47,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("rollstream.gateway")
 
 EXEC_PATH = "/rollstream/v1/exec"
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 class CallRefused(Exception):
@@ -84,49 +73,26 @@ async def _json_object(request: web.Request) -> dict:
     return body
 
 
-@dataclass
-class GatewayEpisode:
-    """One harness episode as the gateway serves it."""
+@dataclass(kw_only=True)
+class GatewayEpisode(Episode):
+    """One harness episode as the gateway serves it: its key, and the harness's environment."""
 
     key: str
-    trajectory: dict
-    ctx: EventContext
     env: HarnessEnv
-    state: dict
-    max_total_tokens: int | None
-    sample: list[int] = field(default_factory=list)  # the current sample's ids
-    tokens: int = 0  # prompt + completion ids recorded so far
     ended: asyncio.Event = field(default_factory=asyncio.Event)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def end(self, termination: str, detail: str) -> None:
         """Stop the episode (the first reason wins); the harness is stopped by its runner."""
         if not self.ended.is_set():
-            self.trajectory["termination"] = termination
-            self.trajectory["termination_detail"] = detail
+            super().end(termination, detail)
             self.ended.set()
 
 
-class RecordingStage(Protocol):
-    """What the gateway needs of RUN (stages/run.py's RunStage): its template, its way to
-    sample a turn (router, retries, update windows), to record it and to checkpoint it."""
-
-    template: ChatTemplate
-
-    async def complete(self, prompt_ids: list[int], trajectory: dict,
-                       turn: int) -> Completion: ...
-
-    def turn_record(self, index: int, prompt_ids: list[int], new_sample: bool,
-                    completion: Completion, started_ms: int, step: StepResult,
-                    env_ms: float) -> dict: ...
-
-    def checkpoint(self, ctx: EventContext, trajectory: dict | None, episode_id: str) -> None: ...
-
-
 class Gateway:
-    def __init__(self, stage: RecordingStage, host: str = "127.0.0.1", port: int = 0) -> None:
-        self.stage = stage
-        self.prompts = PromptBuilder(stage.template)
+    def __init__(self, turns: Turns, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.turns = turns
+        self.prompts = PromptBuilder(turns.template)
         self.host, self.port = host, port
         self.episodes: dict[str, GatewayEpisode] = {}
         self._runner: web.AppRunner | None = None
@@ -165,8 +131,9 @@ class Gateway:
 
     def open(self, trajectory: dict, ctx: EventContext, env: HarnessEnv, state: dict,
              max_total_tokens: int | None) -> GatewayEpisode:
-        episode = GatewayEpisode(secrets.token_urlsafe(24), trajectory, ctx, env, state,
-                                 max_total_tokens)
+        episode = GatewayEpisode(trajectory=trajectory, ctx=ctx, state=state,
+                                 max_total_tokens=max_total_tokens,
+                                 key=secrets.token_urlsafe(24), env=env)
         self.episodes[episode.key] = episode
         return episode
 
@@ -264,46 +231,20 @@ class Gateway:
         if episode.ended.is_set():
             raise CallRefused(409, f"the episode has ended ({trajectory['termination']})",
                               "episode_ended")
-        if len(turns) >= trajectory["task"]["max_turns"]:
-            episode.end("MAX_TURNS", f"{len(turns)} calls")
-            raise CallRefused(400, f"the episode's budget of {len(turns)} calls is spent",
-                              "max_turns")
-        prompt_ids, new_sample = self.prompts.prompt(episode.sample, messages, tools)
-        if new_sample:
-            log.info("%s: call %d does not extend the recorded sample; new sample",
-                     trajectory["episode_id"], len(turns))
-            episode.sample = []
-        budget = episode.max_total_tokens
-        if budget is not None and episode.tokens + len(prompt_ids) > budget:
-            detail = f"token budget of {budget} spent"
-            episode.end("TRUNCATED", detail)
-            raise CallRefused(400, f"maximum context length exceeded: {detail}",
-                              "context_length_exceeded")
-        if turns:  # what the harness answered to the previous turn
-            turns[-1]["observation"] = _observation(messages)
-        started = now_ms()
         try:
-            completion = await self.stage.complete(episode.sample + prompt_ids, trajectory,
-                                                    len(turns))
-        except ContextOverflow as exc:
-            episode.end("TRUNCATED", str(exc))
-            raise CallRefused(400, f"maximum context length exceeded: {exc}",
-                              "context_length_exceeded") from exc
+            sampled = await self.turns.sample(
+                episode, lambda sample: self.prompts.prompt(sample, messages, tools),
+                observation=_observation(messages) if turns else None)
+        except EpisodeEnded as exc:
+            raise _refusal(trajectory, len(turns)) from exc
         except InferenceError as exc:  # a request the server refuses: a bug, not the agent's
             episode.end("INFRA_ERROR", str(exc))
             raise CallRefused(502, f"inference failed: {exc}", "inference_failed",
                               "server_error") from exc
-        except (InferenceUnavailable, TextMismatch) as exc:  # retries spent; a broken proxy
-            episode.end("INFRA_ERROR", str(exc))
-            raise CallRefused(503, str(exc), "inference_unavailable", "server_error") from exc
+        completion = sampled.completion
         message, recorded = assistant_message(completion.text, len(turns))
         step = StepResult(observation=None, done=False, tool_call=recorded, state=episode.state)
-        turns.append(self.stage.turn_record(len(turns), prompt_ids, new_sample, completion, started,
-                                      step, 0.0))
-        episode.sample += prompt_ids + completion.token_ids
-        episode.tokens += len(prompt_ids) + len(completion.token_ids)
-        trajectory["env_state"] = json.dumps(episode.state)
-        self.stage.checkpoint(episode.ctx, trajectory, trajectory["episode_id"])
+        self.turns.record(episode, sampled, step, 0.0)
         finish = completion.finish_reason
         if message.get("tool_calls") and finish == "stop":
             finish = "tool_calls"
@@ -341,6 +282,17 @@ class Gateway:
             return exc.response()
         return web.json_response({"output": result.text, "returncode": result.exit_code,
                                   "timed_out": result.timed_out})
+
+
+def _refusal(trajectory: dict, calls: int) -> CallRefused:
+    """The OpenAI-style error that tells the harness how its episode ended."""
+    termination, detail = trajectory["termination"], trajectory["termination_detail"]
+    if termination == "MAX_TURNS":
+        return CallRefused(400, f"the episode's budget of {calls} calls is spent", "max_turns")
+    if termination == "TRUNCATED":
+        return CallRefused(400, f"maximum context length exceeded: {detail}",
+                           "context_length_exceeded")
+    return CallRefused(503, detail, "inference_unavailable", "server_error")
 
 
 def _observation(messages: list[dict]) -> str:

@@ -1,4 +1,4 @@
-"""One exactly-once checkpoint: outputs and input offsets committed in one Kafka transaction.
+"""One exactly-once transaction: outputs and input offsets committed in one Kafka transaction.
 
 The consume loop (rollstream/consume/loop.py), which the stage runtime and the trainer bridge
 both run on, commits through `Checkpoint`. What it guarantees, and what each kind of Kafka
@@ -50,7 +50,7 @@ from rollstream.codec import headers_for
 from rollstream.config import Settings
 from rollstream.kafka_errors import raise_if_denied
 
-log = logging.getLogger("rollstream.checkpoint")
+log = logging.getLogger("rollstream.transaction")
 
 CALL_TIMEOUT_S = 5.0  # the timeout given to each blocking Kafka call
 # A checkpoint's transaction spans one commit interval (well under a second), so only a stuck

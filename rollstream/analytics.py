@@ -13,21 +13,28 @@ Why faust here and not in the stages: its tables cannot take part in the stages'
 transactions, but analytics only read. It runs with `processing_guarantee=exactly_once`, which
 reads committed data only, so aborted stage outputs are not counted.
 
+Tables: `totals` (all time), `this_10s` (`Table.tumbling`, 10 s) and `last_1m`
+(`Table.hopping`, 1 min advancing by 10 s), each windowed one on the events' own timestamps and
+expiring (with its changelog's retention) a minute after its window: memory stays bounded by
+topics x partitions x live windows, whatever the stream's length. A report is the newest
+10 s window and the oldest 1 min window that holds it (the stream's time, not the clock's).
+
 Exact after a crash: faust (0.15) sends a table's changelog records with its plain producer,
 outside the transaction that commits its input offsets, so a SIGKILL between the two leaves
 the changelog holding updates for events past the committed offsets; the restarted worker
-recovers them and then reads those events again (at least once), and running totals count
-them twice (a manual run once showed 43 for 40). So the one table (`events`, changelog
-`<prefix>.stats-events-changelog` on the same cluster) holds what each event adds, keyed by
-the event's identity (episode id; a dead letter's source coordinates): an event read again
-writes the same key, and every report is summed from the table when it is asked for. The table
-grows with the episodes counted (one small record each).
+recovers them and then reads those events again (at least once), and running totals would
+count them twice (a manual run once showed 43 for 40). So every table is keyed by source
+partition (`<topic>|<partition>`) and each value holds, in the one changelog record, the sums
+and the offset of the last event they include: an event read again finds its offset already
+counted and changes nothing.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +50,9 @@ LATENCY_BUCKETS_MS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10_0
                       60_000, 120_000, 300_000, 600_000, 1_800_000, 3_600_000)
 PERCENTILES = (50, 90, 99)
 PUBLISH_INTERVAL_S = 5.0
+TUMBLING_S, HOPPING_S, HOP_S = 10, 60, 10
+EXPIRES = timedelta(minutes=1)  # a window's sums are dropped this long after it closes
+CLEANUP_INTERVAL_S = 5.0  # how often faust drops expired windows (its default: 30 s)
 
 
 def scored_sums(event: dict) -> list[tuple[str, str, float]]:
@@ -122,26 +132,49 @@ def summarize(sums: dict[tuple[str, str], float]) -> dict[str, Any]:
     }
 
 
-def _add_up(entries: list[dict[str, Any]]) -> dict[tuple[str, str], float]:
+def counted(entry: dict[str, Any], event: tuple[int, list[tuple[str, str, float]]]
+            ) -> dict[str, Any]:
+    """A partition's sums (`{"offset": last counted, "sums": {"metric|label": amount}}`) with
+    one more event, (offset, sums); unchanged for an event whose offset is counted already."""
+    offset, sums = event
+    if entry.get("offset", -1) >= offset:
+        return entry
+    added = dict(entry.get("sums", {}))
+    for metric, label, amount in sums:
+        key = f"{metric}|{label}"
+        added[key] = added.get(key, 0.0) + amount
+    return {"offset": offset, "sums": added}
+
+
+def add_up(entries: list[dict[str, Any]]) -> dict[tuple[str, str], float]:
+    """The entries' sums (of partitions, in one window), by (metric, label)."""
     sums: dict[tuple[str, str], float] = {}
     for entry in entries:
-        for metric, label, amount in entry["sums"]:
+        for key, amount in entry.get("sums", {}).items():
+            metric, label = key.split("|", 1)
             sums[metric, label] = sums.get((metric, label), 0.0) + amount
     return sums
 
 
-def windows(entries: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    """All entries, those in the 10 s tumbling window and those in the oldest 1 min hopping
-    window (10 s hops) that hold the newest entry's time (the stream's time, as faust's
+def newest_windows(tumbling: dict[Any, dict], hopping: dict[Any, dict]
+                   ) -> tuple[list[dict], list[dict]]:
+    """From windowed tables' data ({(key, (start, end)): entry}): the entries of the newest
+    10 s window, and of the oldest 1 min window that holds it (as faust's
     `relative_to_stream` windows)."""
-    if not entries:
-        return {"total": [], "this_10s": [], "last_1m": []}
-    now = max(e["at_s"] for e in entries)
-    tumbling = now - now % 10
-    hopping = tumbling - 50
-    return {"total": entries,
-            "this_10s": [e for e in entries if tumbling <= e["at_s"] < tumbling + 10],
-            "last_1m": [e for e in entries if hopping <= e["at_s"] < hopping + 60]}
+    if not tumbling:
+        return [], []
+    newest = max(start for _, (start, _) in tumbling)
+    oldest = newest - (HOPPING_S - HOP_S)
+    return ([e for (_, (start, _)), e in tumbling.items() if start == newest],
+            [e for (_, (start, _)), e in hopping.items() if start == oldest])
+
+
+async def drop_expired(table: Any) -> None:
+    """Drop the recovered windows that have expired: faust expires only the windows it writes
+    (it schedules a window's expiry on a write, not on a changelog record it recovers)."""
+    now = time.time()
+    for key in [k for k in table.data if table.window.stale(k[1][1], now)]:
+        del table.data[key]
 
 
 def build_app(settings: Settings, web_port: int, datadir: Path, partitions: int,
@@ -167,6 +200,7 @@ def build_app(settings: Settings, web_port: int, datadir: Path, partitions: int,
         # A crashed worker's partitions move after 10 s, not faust's default 60 s.
         broker_session_timeout=10.0,
         broker_heartbeat_interval=3.0,
+        table_cleanup_interval=CLEANUP_INTERVAL_S,
     )
     raw = {"key_serializer": "raw", "value_serializer": "raw"}
     topics = settings.topics
@@ -176,9 +210,15 @@ def build_app(settings: Settings, web_port: int, datadir: Path, partitions: int,
     policy = app.topic(topics.policy, value_type=bytes, **raw)
     # Declared in the graph (`topics create` makes it); faust creates it alike if it is missing.
     stats_topic = app.topic(topics.stats, partitions=1, compacting=True, internal=True, **raw)
-    # What each event adds, by the event's identity: see the module docstring.
-    events = app.Table("events", key_type=str, value_type=dict,  # JSON in the changelog
-                       partitions=partitions)
+    # Sums by source partition: see the module docstring.
+    # JSON changelogs, read back as they were written (a `value_type` would ask for a Model).
+    table = {"schema": faust.Schema(key_serializer="json", value_serializer="json"),
+             "default": dict, "partitions": partitions}
+    totals = app.Table("totals", **table)
+    this_10s = app.Table("this_10s", **table).tumbling(TUMBLING_S, expires=EXPIRES)
+    last_1m = app.Table("last_1m", **table).hopping(HOPPING_S, HOP_S, expires=EXPIRES)
+    for windowed in (this_10s.table, last_1m.table):
+        windowed.on_recover(functools.partial(drop_expired, windowed))
     latest_policy = app.Table("policy", key_type=str, value_type=float, default=float,
                               partitions=1)
 
@@ -188,27 +228,26 @@ def build_app(settings: Settings, web_port: int, datadir: Path, partitions: int,
         except DecodeError:
             return None  # the stages dead-letter what they cannot read; nothing to count here
 
-    def counter(topic: Any, record: str, identity: Any, sums: Any) -> None:
-        """An agent recording `sums(event)` under `identity(event)` for every `record` event
-        on `topic` (once: an event read again finds its key)."""
+    def counter(topic: Any, record: str, sums: Any) -> None:
+        """An agent adding `sums(event)` of every `record` event on `topic` to the tables
+        (once: an event read again finds its offset counted)."""
         async def count(stream: Any) -> None:
             async for event in stream.events():
                 value = decoded(record, event.value)
                 if value is None:
                     continue
-                key = f"{record}|{identity(value)}"
-                if key not in events:
-                    events[key] = {"at_s": event.message.timestamp, "sums": sums(value)}
+                message = event.message
+                key = f"{message.topic}|{message.partition}"
+                added = (message.offset, sums(value))
+                totals[key] = counted(totals[key], added)
+                this_10s[key].apply(counted, added)
+                last_1m[key].apply(counted, added)
 
         app.agent(topic, name=f"count-{record}")(count)
 
-    counter(scored, SCORED_TRAJECTORY, lambda e: e["trajectory"]["episode_id"], scored_sums)
-    counter(trajectories, TRAJECTORY, lambda t: t["episode_id"],
-            lambda t: [("trajectories", t["termination"], 1.0)])
-    counter(dlq, DEAD_LETTER,
-            lambda d: f"{d['stage']}|{d['source_topic']}|{d['source_partition']}|"
-                      f"{d['source_offset']}",
-            lambda d: [("dead_letters", d["stage"], 1.0)])
+    counter(scored, SCORED_TRAJECTORY, scored_sums)
+    counter(trajectories, TRAJECTORY, lambda t: [("trajectories", t["termination"], 1.0)])
+    counter(dlq, DEAD_LETTER, lambda d: [("dead_letters", d["stage"], 1.0)])
 
     @app.agent(policy)
     async def on_policy(stream: Any) -> None:
@@ -219,13 +258,19 @@ def build_app(settings: Settings, web_port: int, datadir: Path, partitions: int,
                 latest_policy["created_at_ms"] = float(value["created_at_ms"])
 
     def snapshot() -> dict[str, Any]:
-        report = {name: summarize(_add_up(entries))
-                  for name, entries in windows(list(events.values())).items()}
+        tumbling_data = dict(this_10s.table.data.items())
+        hopping_data = dict(last_1m.table.data.items())
+        tumbling, hopping = newest_windows(tumbling_data, hopping_data)
+        report = {"total": summarize(add_up(list(totals.data.values()))),
+                  "this_10s": summarize(add_up(tumbling)),
+                  "last_1m": summarize(add_up(hopping))}
         return {
             "at_ms": int(time.time() * 1000),
             "policy_version": (int(latest_policy["version"])
                                if "version" in latest_policy else None),
             "episodes_per_s": report["last_1m"]["episodes"] / 60,
+            # Windowed sums held in memory: bounded by expiry, not by the stream's length.
+            "windows_held": len(tumbling_data) + len(hopping_data),
             **report,
         }
 

@@ -1,0 +1,234 @@
+"""One agent turn as RUN records it, for both ways an episode is played: RUN's own loop (an
+environment that steps each completion, stages/run.py) and the recording gateway (a harness
+that runs its own loop, rollstream.gateway.server).
+
+A turn is: the episode's turn budget checked; the prompt ids (the chat-template delta, or the
+whole re-rendered context flagged as a new sample: history is never silently re-tokenized);
+its token budget checked; the sample drawn through the router; the Turn recorded with the
+sampled ids verbatim; the trajectory checkpointed to <p>.episode-state.
+
+Sampling goes through rollstream.inference.routing.Router. A failed call (timeout, refused,
+5xx) is retried with backoff within RETRY_DELAYS_S, on another server when its own is down;
+past the budget the episode ends as INFRA_ERROR, never as a reward. A server inside a weight
+update (paused, or answering without a version) is waited for instead, for up to
+UPDATE_WINDOW_S, without spending that budget. A completion whose text is not the
+detokenization of its ids ends the episode as INFRA_ERROR too; one the server finds too long as
+TRUNCATED. A request the server refuses for another reason (InferenceError) is a bug, not the
+episode's doing: it is raised to the caller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from rollstream import metrics
+from rollstream.codec import pack_ids, pack_logprobs, unpack_ids
+from rollstream.envs.base import StepResult
+from rollstream.inference.chat import ChatTemplate
+from rollstream.inference.client import (
+    Completion,
+    ContextOverflow,
+    InferenceUnavailable,
+    ServerError,
+    ServerUpdating,
+    TextMismatch,
+)
+from rollstream.inference.detokenize import served_text
+from rollstream.inference.routing import Router
+from rollstream.runtime import EventContext
+
+log = logging.getLogger("rollstream.turns")
+
+RETRY_DELAYS_S = (0.5, 1.0, 2.0, 4.0)  # the retry budget for a failing inference call
+# How long a turn waits out a weight update (a paused server's 503, a response without a
+# version) before that, too, counts as an infra failure; polled every UPDATE_POLL_S.
+UPDATE_WINDOW_S = 900.0
+UPDATE_POLL_S = 0.5
+
+# (ids, new_sample) for the episode's current sample: the template's next prompt.
+Prompt = Callable[[list[int]], tuple[list[int], bool]]
+# Writes the trajectory to <p>.episode-state (None: the episode is done, drop it).
+Checkpoint = Callable[[EventContext, dict | None, str], None]
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def sample_ids(turns: list[dict]) -> list[int]:
+    """The token ids of the current sample: from the last turn that started one."""
+    start = max((i for i, t in enumerate(turns) if t.get("new_sample")), default=0)
+    ids: list[int] = []
+    for turn in turns[start:]:
+        ids.extend(unpack_ids(turn["prompt_ids"]).tolist())
+        ids.extend(unpack_ids(turn["completion_ids"]).tolist())
+    return ids
+
+
+class EpisodeEnded(Exception):
+    """The turn ended the episode (the trajectory's termination says how) instead of sampling.
+    `__cause__` is the inference failure, where one ended it."""
+
+
+@dataclass
+class Episode:
+    """An episode being played: its trajectory (checkpointed after every turn), the ids of its
+    current sample, its environment state, and the tokens it has used of its budget."""
+
+    trajectory: dict
+    ctx: EventContext
+    state: dict
+    sample: list[int] = field(default_factory=list)
+    max_total_tokens: int | None = None  # prompt + completion ids of all its turns
+    tokens: int = 0
+
+    @classmethod
+    def resume(cls, trajectory: dict, ctx: EventContext) -> Episode:
+        """The episode where its trajectory (new, or read back from a checkpoint) stopped."""
+        return cls(trajectory, ctx, json.loads(trajectory["env_state"]),
+                   sample_ids(trajectory["turns"]))
+
+    def end(self, termination: str, detail: str) -> None:
+        self.trajectory["termination"] = termination
+        self.trajectory["termination_detail"] = detail
+
+
+@dataclass
+class Sampled:
+    """A turn's sample, not recorded yet."""
+
+    prompt_ids: list[int]
+    new_sample: bool
+    started_ms: int
+    completion: Completion
+
+
+class Turns:
+    """Takes the turns of the episodes one RUN process plays: sample, record, checkpoint."""
+
+    def __init__(self, router: Router, template: ChatTemplate, checkpoint: Checkpoint) -> None:
+        self.router, self.template, self.checkpoint = router, template, checkpoint
+
+    async def sample(self, episode: Episode, prompt: Prompt,
+                     observation: str | None = None) -> Sampled:
+        """The next turn's sample; raises EpisodeEnded where the episode ends instead.
+        `observation`: what answered the previous turn, where it comes with this turn's prompt
+        (a harness's messages) instead of from the environment's step."""
+        trajectory = episode.trajectory
+        turns = trajectory["turns"]
+        if len(turns) >= trajectory["task"]["max_turns"]:
+            episode.end("MAX_TURNS", f"{len(turns)} turns")
+            raise EpisodeEnded()
+        prompt_ids, new_sample = prompt(episode.sample)
+        if new_sample:  # never at the first turn: there is no history to re-render
+            log.info("%s: turn %d does not extend the recorded sample; new sample",
+                     trajectory["episode_id"], len(turns))
+            episode.sample = []
+        budget = episode.max_total_tokens
+        if budget is not None and episode.tokens + len(prompt_ids) > budget:
+            episode.end("TRUNCATED", f"token budget of {budget} spent")
+            raise EpisodeEnded()
+        if observation is not None and turns:
+            turns[-1]["observation"] = observation
+        started = now_ms()
+        try:
+            completion = await self.complete(episode.sample + prompt_ids, trajectory, len(turns))
+        except ContextOverflow as exc:
+            episode.end("TRUNCATED", str(exc))
+            raise EpisodeEnded() from exc
+        except (InferenceUnavailable, TextMismatch) as exc:  # retries spent; a broken proxy
+            episode.end("INFRA_ERROR", str(exc))
+            raise EpisodeEnded() from exc
+        return Sampled(prompt_ids, new_sample, started, completion)
+
+    def record(self, episode: Episode, sampled: Sampled, step: StepResult,
+               env_ms: float) -> None:
+        """Record the turn and what the environment made of it; checkpoint the episode, or
+        end it as DONE where the step is the last."""
+        trajectory = episode.trajectory
+        turns = trajectory["turns"]
+        completion = sampled.completion
+        turns.append(turn_record(len(turns), sampled, step, env_ms))
+        episode.sample += sampled.prompt_ids + completion.token_ids
+        episode.tokens += len(sampled.prompt_ids) + len(completion.token_ids)
+        episode.state = step.state
+        trajectory["env_state"] = json.dumps(step.state)
+        if step.done:
+            episode.end("DONE", "")
+        else:
+            self.checkpoint(episode.ctx, trajectory, trajectory["episode_id"])
+
+    async def complete(self, prompt_ids: list[int], trajectory: dict, turn: int) -> Completion:
+        sampling = dict(trajectory["task"]["sampling"])
+        if sampling.get("seed") is not None:
+            # Distinct but reproducible per sample and turn.
+            sampling["seed"] = sampling["seed"] + 1000 * trajectory["sample_index"] + turn
+        completion = await self._sample(prompt_ids, sampling, trajectory["episode_id"])
+        # The assistant message is built from `text`, the sample from the ids: they must agree
+        # (a proxy that leaves the stop token in `text` would add a second one, silently).
+        sampled = completion.token_ids
+        if completion.finish_reason == "stop" and sampled:
+            sampled = sampled[:-1]  # the stop token, which `text` leaves out
+        expected = self.template.decode(sampled)
+        if completion.text != expected:
+            # Ending inside a multi-byte character: vLLM's incremental detokenizer never
+            # writes that tail (a plain decode, the embedded server's, shows U+FFFD).
+            expected = served_text(self.template.decode, sampled)
+        if completion.text != expected:
+            raise TextMismatch(
+                f"{completion.server}: the completion's text is not the detokenization of "
+                f"its token ids (text {completion.text[-80:]!r}, ids decode to "
+                f"{expected[-80:]!r}); check skip_special_tokens / "
+                f"spaces_between_special_tokens on any proxy in between")
+        return completion
+
+    async def _sample(self, prompt_ids: list[int], sampling: dict,
+                      episode_id: str) -> Completion:
+        last: Exception | None = None
+        delays = iter(RETRY_DELAYS_S)
+        window_ends = time.monotonic() + UPDATE_WINDOW_S
+        while True:
+            try:
+                return await self.router.complete(episode_id, prompt_ids, sampling,
+                                                  self.template.stop_token_ids)
+            except ServerUpdating as exc:
+                # A weight update is not a failure: wait it out without spending the budget.
+                last = exc
+                if time.monotonic() >= window_ends:
+                    break
+                await asyncio.sleep(UPDATE_POLL_S)
+            except ServerError as exc:
+                last = exc
+                delay = next(delays, None)
+                if delay is None:
+                    break
+                metrics.inference_retry(exc.server)
+                await asyncio.sleep(delay)
+        raise InferenceUnavailable(f"inference failed {len(RETRY_DELAYS_S) + 1} times: {last}")
+
+
+def turn_record(index: int, sampled: Sampled, step: StepResult, env_ms: float) -> dict:
+    """The Turn record: the ids as sampled, the environment's answer, where and when."""
+    completion = sampled.completion
+    assert completion.policy_version is not None  # the router always stamps one
+    return {
+        "index": index,
+        "prompt_ids": pack_ids(sampled.prompt_ids),
+        "completion_ids": pack_ids(completion.token_ids),
+        "logprobs": pack_logprobs(completion.logprobs),
+        "policy_version": completion.policy_version,
+        "finish_reason": completion.finish_reason,
+        "completion_text": completion.text,
+        "tool_call": step.tool_call,
+        "observation": step.observation,
+        "server": completion.server,
+        "started_at_ms": sampled.started_ms,
+        "inference_ms": completion.latency_ms,
+        "env_ms": env_ms,
+        "new_sample": sampled.new_sample,
+    }
