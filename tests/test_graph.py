@@ -1,4 +1,5 @@
-"""The topic graph (rollstream/graph.py) against what the code and the README actually do."""
+"""The topic graph (rollstream/graph.py) against what the code, the README's drawing and the
+table in docs/concepts.md actually do."""
 
 from __future__ import annotations
 
@@ -106,13 +107,13 @@ def test_init_and_eval_outputs_on_sample_events_are_edges() -> None:
         _check_edge(writer, out.topic, out.record, topics)
 
 
-def _readme(section: str) -> str:
-    text = (ROOT / "README.md").read_text()
+def _section(path: str, section: str) -> str:
+    text = (ROOT / path).read_text()
     return text.split(f"## {section}\n", 1)[1].split("\n## ", 1)[0]
 
 
-def test_readme_table_is_the_graph() -> None:
-    assert table() in _readme("The topic graph")
+def test_docs_table_is_the_graph() -> None:
+    assert table() in _section("docs/concepts.md", "The topic graph")
 
 
 ARROWS = re.compile(r"(──►|◄──)")
@@ -122,7 +123,7 @@ NODE = re.compile(r"<p>\.([a-z-]+)|\[(\w+)\]|\b(producers|trainer)\b")
 def test_readme_diagram_draws_only_edges_of_the_graph() -> None:
     """Every arrow between two named things in the README's drawing is an edge of the graph, and
     the drawing shows every topic."""
-    diagram = _readme("The topic graph").split("```\n", 2)[1]
+    diagram = (ROOT / "README.md").read_text().split("```\n", 2)[1]  # the first code block
     by_suffix = {t.suffix: t for t in GRAPH}
     assert set(re.findall(r"<p>\.([a-z-]+)", diagram)) == set(by_suffix)
     checked = 0

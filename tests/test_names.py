@@ -1,5 +1,5 @@
 """Names say what they hold: the bridge package exports what its docs tell users to import, each
-built-in environment lives in the module named for it, and the README lists them all."""
+built-in environment lives in the module named for it, and docs/environments.md lists them all."""
 
 from __future__ import annotations
 
@@ -39,8 +39,8 @@ def test_each_builtin_environment_lives_in_its_own_module() -> None:
         assert cls.__module__.startswith(f"rollstream.envs.{name}")
 
 
-def test_the_readme_lists_every_builtin_environment() -> None:
-    text = (ROOT / "README.md").read_text()
+def test_the_docs_list_every_builtin_environment() -> None:
+    text = (ROOT / "docs" / "environments.md").read_text()
     section = text.split("## Environments\n", 1)[1].split("\n## ", 1)[0]
     listed = section.split("Built-ins:", 1)[1].split("`rollstream envs`", 1)[0]
     assert set(re.findall(r"`(\w+)`", listed)) == set(BUILTINS)
