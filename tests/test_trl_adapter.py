@@ -66,7 +66,10 @@ def test_trainer_killed_mid_run_loses_no_batch_and_trains_none_twice(
         settings: Settings, tiny: tiny_model.TinyModel, tmp_path: Path) -> None:
     steps = 6
     events = sampled_groups(tiny.model, steps * GROUPS_PER_STEP, GROUP, seed=1)
-    publish_scored(settings, events)
+    # A step takes a fraction of a second here: the trainer gets three steps' groups and one of
+    # the fourth's, so it is killed holding part of a batch, waiting for the rest.
+    first_part = (3 * GROUPS_PER_STEP + 1) * GROUP
+    publish_scored(settings, events[:first_part])
     script = Path(__file__).with_name("trl_train_proc.py")
 
     def start(remaining: int) -> subprocess.Popen:
@@ -77,14 +80,16 @@ def test_trainer_killed_mid_run_loses_no_batch_and_trains_none_twice(
 
     first = start(steps)
     deadline = time.monotonic() + 240
-    while len(committed(settings)) < 2:
+    while len(committed(settings)) < 3:
         assert first.poll() is None, first.stdout.read()[-3000:]
-        assert time.monotonic() < deadline, "the trainer committed no two steps in 240 s"
+        assert time.monotonic() < deadline, "the trainer committed no three steps in 240 s"
         time.sleep(0.5)
+    time.sleep(2)  # it holds the fourth step's first group meanwhile
     first.send_signal(signal.SIGKILL)
     first.wait(30)
     done = len(committed(settings))
-    assert done < steps, "the kill came after the run had finished"
+    assert done == 3, "the trainer stepped on a partial batch"
+    publish_scored(settings, events[first_part:])
     second = start(steps - done)
     out, _ = second.communicate(timeout=300)
     assert second.returncode == 0, out[-3000:]
