@@ -13,26 +13,17 @@ import numpy as np
 import pytest
 import torch
 
-from rollstream import kafka
-from rollstream.codec import codec, unpack_logprobs
+from rollstream.codec import unpack_logprobs
 from rollstream.config import Settings, load
-from rollstream.events import SCORED_TRAJECTORY
 from rollstream.topics import create_topics, delete_topics
 from tests.scored_factory import scored, turn
+from tests.trainers_env import publish_scored
 from trainer_bridge.bridge import TrainerBridge
 from trainer_bridge.offpolicy import importance_ratios, mixed, replay_scored, replay_settings
 from trainer_bridge.tensors import to_tensors
 from trainer_bridge.trainer import GRPOTrainer, TinyPolicy
 
 GROUP = 4
-
-
-def _publish(settings: Settings, events: list[dict]) -> None:
-    p = kafka.producer(settings)
-    for e in events:
-        kafka.produce(p, settings.topics.scored, codec().encode(SCORED_TRAJECTORY, e),
-                      key=e["trajectory"]["episode_id"])
-    p.flush(30)
 
 
 def _run1_log(version: int, tasks: int, rewards: list[float], tag: str) -> list[dict]:
@@ -55,7 +46,7 @@ def test_run_two_trains_on_run_ones_log_with_the_logged_logprobs(
     varied = [0.5, 1.0, 0.75, 1.0]
     log = (_run1_log(0, 2, varied, "old") + _run1_log(1, 2, varied, "kept")
            + _run1_log(2, 2, varied, "kept") + _run1_log(2, 1, [0.0] * GROUP, "low"))
-    _publish(settings, log)
+    publish_scored(settings, log)
     # Versions 1..2 only, rewards of at least 0.5: the four "kept" groups.
     copied = replay_scored(settings, run2, min_version=1, max_version=2, min_reward=0.5)
     assert copied == 4 * GROUP
@@ -99,9 +90,9 @@ def test_run_two_trains_on_run_ones_log_with_the_logged_logprobs(
 def test_mixing_replayed_and_fresh_batches_in_a_set_share(
         settings: Settings, run2: Settings) -> None:
     varied = [0.0, 1.0, 0.5, 1.0]
-    _publish(settings, _run1_log(1, 4, varied, "old"))
+    publish_scored(settings, _run1_log(1, 4, varied, "old"))
     assert replay_scored(settings, run2) == 4 * GROUP
-    _publish(run2, _run1_log(5, 8, varied, "new"))
+    publish_scored(run2, _run1_log(5, 8, varied, "new"))
     with TrainerBridge(replay_settings(run2), 1) as replayed, TrainerBridge(run2, 1) as fresh:
         order = []
         for batch in mixed(fresh, replayed, replay_share=0.25, max_batches=8, idle_timeout_s=10):
