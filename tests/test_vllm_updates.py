@@ -130,7 +130,7 @@ def test_0_32_turns_are_stamped_from_the_weight_label_read_around_them(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # vLLM 0.32: labels but none on responses. Turns get the label read before and after
     # them; a turn that straddles the update is sampled again, never stamped with a guess.
-    monkeypatch.setattr("stages.run.RETRY_DELAYS_S", (0.05, 0.05))
+    monkeypatch.setattr("rollstream.turns.RETRY_DELAYS_S", (0.05, 0.05))
     path = checkpoint(tmp_path / "policy.safetensors", 0)
     server = VllmStandIn("0.32.0", path, reload_delay_s=1.0)
     applied: list = []
