@@ -10,6 +10,7 @@ import secrets
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -123,6 +124,15 @@ def test_pipeline_runs_as_a_least_privilege_principal(secured: tuple[str, Materi
         copy = f"{prefix}.scored-copy"
         ok("replay", "--topic", "scored", "--to-topic", copy)
         assert settings.bootstrap_servers == bootstrap
+        # stats, on faust's own client with the same properties mapped: its count is exact.
+        port = free_port()
+        procs.start("stats", "stats", *kafka, "--web-port", str(port),
+                    "--datadir", str(tmp_path / "stats"))
+        deadline = time.monotonic() + 180
+        while (counted := stats_episodes(port)) != len(expected):
+            procs.check_alive()
+            assert time.monotonic() < deadline, f"stats counted {counted} of {len(expected)}"
+            time.sleep(1)
     finally:
         procs.stop_all()
         for log in (tmp_path / "logs").glob("*.log"):
@@ -132,6 +142,14 @@ def test_pipeline_runs_as_a_least_privilege_principal(secured: tuple[str, Materi
     assert not leaked, "a password was printed"
     # The stages do print their client properties, with the secret replaced.
     assert any("'sasl.password': '[redacted]'" in text for text in outputs)
+
+
+def stats_episodes(port: int) -> int | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/stats", timeout=5) as answer:
+            return json.loads(answer.read()).get("total", {}).get("episodes")
+    except OSError:
+        return None
 
 
 def json_lines(text: str) -> list[dict]:

@@ -8,6 +8,7 @@ import sys
 
 from rollstream.cli import (
     acl,
+    bridge,
     broker,
     controller,
     demo,
@@ -16,6 +17,7 @@ from rollstream.cli import (
     harness_tasks,
     plan,
     publish,
+    replay,
     sandbox,
     schemas,
     serve_policy,
@@ -41,6 +43,8 @@ FEATURE_MODULES = [
     serve_scripted,
     controller,
     publish,
+    replay,
+    bridge,
     envs,
     harness_tasks,
     sandbox,
