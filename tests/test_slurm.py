@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -33,6 +34,27 @@ pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0,
                        reason="munged, slurmctld and slurmd are started as root here"),
 ]
+
+
+def free_block(n: int) -> int:
+    """The first of n consecutive free ports below the ephemeral range: the recipe's steps
+    serve on METRICS_BASE + i, and ports next to an ephemeral one are taken by outgoing
+    connections at any time (a step once failed to bind one)."""
+    first, _ = (int(x) for x in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    for base in range(20000, first - n, n):
+        sockets = []
+        try:
+            for port in range(base, base + n):
+                sock = socket.socket()
+                sockets.append(sock)
+                sock.bind(("0.0.0.0", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in sockets:
+                sock.close()
+    raise RuntimeError(f"no {n} consecutive free ports below {first}")
 
 
 class Slurm:
@@ -155,7 +177,7 @@ def test_recipe_scores_drains_on_scancel_and_resumes(slurm: Slurm, settings: Set
         "ROLLSTREAM": str(Path(sys.executable).with_name("rollstream")),
         "RUN_PROCESSES": "2",
         "POLICY_PORT": str(free_port()),
-        "METRICS_BASE": str(free_port()),
+        "METRICS_BASE": str(free_block(8)),
         "LOG_DIR": str(logs),
     }
 
