@@ -20,7 +20,7 @@ from confluent_kafka.admin import AdminClient
 
 from producers.publish import validate_task
 from rollstream import acl, config
-from rollstream.broker import local
+from rollstream.broker import local, secure
 from rollstream.broker.secure import Material
 from rollstream.dev.processes import ProcessGroup, free_port, wait_http
 from rollstream.kafka_errors import EX_NOPERM
@@ -185,10 +185,7 @@ def test_wrong_password_and_wrong_ca_are_one_line_within_the_timeout(
     wrong = tmp_path / "wrong.properties"
     wrong.write_text(text.replace(f"sasl.password={password}", "sasl.password=nope"))
     bad_ca = tmp_path / "badca.properties"
-    other_ca = Material(tmp_path / "other-tls")
-    from rollstream.broker.secure import material as make_material
-
-    make_material(other_ca.folder)
+    other_ca = secure.material(tmp_path / "other-tls")  # a CA the broker's certificate is not from
     bad_ca.write_text(text.replace(str(material.ca), str(other_ca.ca)))
     for path, cause in ((wrong, "authentication"), (bad_ca, "TLS")):
         for args in (["publish", str(tasks_file(tmp_path / "t.jsonl"))],

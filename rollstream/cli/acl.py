@@ -11,27 +11,21 @@ from rollstream import config
 from rollstream.cli import common
 from rollstream.config import Settings
 
-ROLE_HELP = {
-    "reader": "status, replay to stdout, dlq list/show, the bridge printer",
-    "publisher": "publish, replay into a topic",
-    "stage": "INIT, RUN, EVAL, the controller, dlq redrive",
-    "trainer": "rollstream train, trainer adapters",
-    "owner": "topics create/delete, rollstream stats",
-}
-
 
 def register_cli(sub: argparse._SubParsersAction) -> None:
+    from rollstream.acl import ROLES  # one table of roles: the ACLs and what each is for
+
     parser = sub.add_parser(
         "acl", help="grant a principal what a pipeline on one prefix needs (secured clusters)",
         description="Prefixed ACLs on <prefix>.: topics, consumer groups and transactional ids, "
                     "nothing cluster-wide. Run as an administrator (--kafka-config with a super "
                     "user's properties, e.g. the secured bundled broker's admin.properties). "
-                    "Roles: " + "; ".join(f"{k}: {v}" for k, v in ROLE_HELP.items()) + ".")
+                    "Roles: " + "; ".join(f"{k}: {what}" for k, (what, _) in ROLES.items()))
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     for name, what in (("grant", "add a role's ACLs"), ("revoke", "remove a role's ACLs")):
         p = actions.add_parser(name, help=what)
         p.add_argument("principal", metavar="User:NAME")
-        p.add_argument("--role", required=True, choices=sorted(ROLE_HELP))
+        p.add_argument("--role", required=True, choices=sorted(ROLES))
         p.add_argument("--on-prefix", dest="acl_prefix", metavar="PREFIX",
                        help="the prefix the role covers (default: --prefix)")
         p.add_argument("--dry-run", action="store_true", help="print the ACLs, change nothing")
