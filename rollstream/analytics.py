@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import functools
 import json
+import socket
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -53,6 +54,7 @@ PUBLISH_INTERVAL_S = 5.0
 TUMBLING_S, HOPPING_S, HOP_S = 10, 60, 10
 EXPIRES = timedelta(minutes=1)  # a window's sums are dropped this long after it closes
 CLEANUP_INTERVAL_S = 5.0  # how often faust drops expired windows (its default: 30 s)
+SESSION_TIMEOUT_S = 30.0  # a worker silent this long leaves the group
 
 
 def scored_sums(event: dict) -> list[tuple[str, str, float]]:
@@ -197,8 +199,12 @@ def build_app(settings: Settings, web_port: int, datadir: Path, partitions: int,
         web_bind=web_host,
         web_in_thread=False,
         consumer_auto_offset_reset="earliest",
-        # A crashed worker's partitions move after 10 s, not faust's default 60 s.
-        broker_session_timeout=10.0,
+        # Static membership: a restarted worker takes its partitions back at once, so the
+        # session can be long enough that a busy machine's stalls cause no rebalance (each one
+        # makes faust recover its tables from their changelogs).
+        consumer_group_instance_id=(settings.instance_id
+                                    or f"{settings.topics.group(STATS)}-{socket.gethostname()}"),
+        broker_session_timeout=SESSION_TIMEOUT_S,
         broker_heartbeat_interval=3.0,
         table_cleanup_interval=CLEANUP_INTERVAL_S,
     )

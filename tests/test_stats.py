@@ -116,7 +116,8 @@ def test_stats_tables_equal_a_direct_count(settings: Settings, tmp_path: Path) -
         snap: dict = {}
         while snap.get("total", {}).get("episodes") != N or snap.get("policy_version") is None:
             procs.check_alive()
-            assert time.monotonic() < deadline, f"stats never counted {N} episodes: {snap}"
+            assert time.monotonic() < deadline, (
+                f"stats never counted {N} episodes: {snap}\n{procs.log_tail('stats')}")
             time.sleep(1)
             snap = fetch(port)
         published = None
@@ -191,7 +192,8 @@ def test_stats_totals_stay_exact_after_a_sigkill(settings: Settings, tmp_path: P
         snap: dict = {}
         while snap.get("total", {}).get("episodes") != n:
             procs.check_alive()
-            assert time.monotonic() < deadline, f"after the restart: {snap.get('total')}"
+            assert time.monotonic() < deadline, (
+                f"after the restart: {snap.get('total')}\n{procs.log_tail('stats')}")
             time.sleep(0.5)
             snap = fetch(port)
         time.sleep(4)  # longer than a commit interval: anything counted twice would show
@@ -243,7 +245,8 @@ def test_stats_windows_expire_while_the_totals_stay_whole(settings: Settings,
         while (snap.get("total", {}).get("episodes") != n
                or snap.get("windows_held", unbounded) > bound):
             procs.check_alive()
-            assert time.monotonic() < deadline, f"windows never expired: {snap}"
+            assert time.monotonic() < deadline, (
+                f"windows never expired: {snap}\n{procs.log_tail('stats')}")
             time.sleep(1)
             snap = fetch(port)
         return snap

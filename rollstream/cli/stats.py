@@ -24,7 +24,8 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
                         help="address the JSON server listens on (0.0.0.0 in a container)")
     parser.add_argument("--datadir", type=Path, default=Path(".rollstream/stats"),
                         help="faust's local state directory")
-    config.add_arguments(parser, "kafka", "command")
+    # --instance-id: each stats process of one prefix needs its own (static membership).
+    config.add_arguments(parser, "kafka", "command", "service")
     parser.set_defaults(func=run)
 
 

@@ -61,6 +61,12 @@ class ProcessGroup:
         for name in list(self.procs):
             self.stop(name, timeout)
 
+    def log_tail(self, name: str, lines: int = 40) -> str:
+        """The end of a process's log, for a failure message (CI keeps no temp folders)."""
+        path = self.log_dir / f"{name}.log"
+        text = path.read_text(errors="replace") if path.exists() else ""
+        return "\n".join(text.splitlines()[-lines:])
+
     def check_alive(self) -> None:
         for name, proc in self.procs.items():
             if proc.poll() is not None:
