@@ -120,6 +120,7 @@ class Completion:
     # vLLM 0.33's `choices[].weight_versions`: [{version, start, end}] over the output tokens
     # (the label set with /update_weight_version); None from servers without it.
     weight_versions: list[dict[str, Any]] | None = None
+    adapter: str | None = None  # the LoRA adapter the request named (the router sets it)
 
 
 def request_body(
