@@ -32,7 +32,7 @@ from rollstream.inference.client import InferenceClient
 from rollstream.inference.controller import apply_policy, current_version
 from rollstream.wire import lora_name
 from stages.run import conversation
-from tests.run_helpers import guess_episodes, play, run_settings
+from tests.run_helpers import contexts, guess_episodes, play, run_settings
 from tests.sandbox_helpers import needs_bwrap, sandbox_root
 from tests.test_mini_swe_agent import HARNESS_BIN, needs_mini
 from tests.test_swe_pipeline import SHIPPED
@@ -81,19 +81,6 @@ def greedy_episodes(n: int, max_turns: int, max_tokens: int) -> list[dict]:
     for e in episodes:
         e["task"]["sampling"].update(temperature=0.0, seed=None)
     return episodes
-
-
-def contexts(trajectory: dict) -> list[list[int]]:
-    """The ids each turn was sampled from: its sample's ids so far, then its prompt."""
-    out: list[list[int]] = []
-    sample: list[int] = []
-    for turn in trajectory["turns"]:
-        if turn["new_sample"]:
-            sample = []
-        sample += unpack_ids(turn["prompt_ids"]).tolist()
-        out.append(list(sample))
-        sample += unpack_ids(turn["completion_ids"]).tolist()
-    return out
 
 
 async def prompt_logprobs(server: RealVllm, ids: list[int]) -> list[float]:

@@ -1,0 +1,139 @@
+"""The embedded policy server holds several adapters (each a whole weight set of the tiny model)
+behind vLLM's runtime LoRA contract, so jobs sharing it each sample their own weights: over real
+HTTP, through the controller and RUN's router, checked against the model computed directly."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from rollstream.codec import unpack_ids
+from rollstream.dev.background import BackgroundServer
+from rollstream.inference.chat import EmbeddedChatTemplate
+from rollstream.inference.client import BadRequest, InferenceClient
+from rollstream.inference.controller import apply_policy, current_version
+from rollstream.policy_server.model import TinyLM, build_model, generate, save
+from rollstream.wire import POLICY_VERSION_HEADER
+from tests.run_helpers import contexts, guess_episodes, play, run_settings
+from tests.test_controller import policy_event
+
+STOPS = EmbeddedChatTemplate().stop_token_ids
+PROMPT = EmbeddedChatTemplate().first_prompt("Guess a digit.")
+
+
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[TinyLM, Path]]:
+    folder = tmp_path_factory.mktemp("weights")
+    out = {}
+    for name, seed in (("a", 11), ("b", 12)):
+        model = build_model(seed=seed)
+        save(model, folder / f"{name}.safetensors", version=40 + seed)
+        out[name] = (model, folder / f"{name}.safetensors")
+    return out
+
+
+def seeded(model: TinyLM, prompt: list[int], seed: int, max_tokens: int = 6) -> list[int]:
+    [(ids, _, _)] = generate(model, [prompt], max_tokens=max_tokens, seeds=[seed],
+                             stop_token_ids=STOPS)
+    return ids
+
+
+async def post(session: aiohttp.ClientSession, url: str, path: str,
+               body: dict) -> tuple[int, str]:
+    async with session.post(url + path, json=body) as response:
+        return response.status, await response.text()
+
+
+def test_two_adapters_on_one_server_each_sample_with_their_own_weights(weights: dict) -> None:
+    (model_a, path_a), (model_b, path_b) = weights["a"], weights["b"]
+
+    async def main(url: str) -> None:
+        async with aiohttp.ClientSession() as session, InferenceClient(url) as client:
+            for name, path in (("job-a-v3", path_a), ("job-b-v5", path_b)):
+                assert (await post(session, url, "/v1/load_lora_adapter",
+                                   {"lora_name": name, "lora_path": str(path)}))[0] == 200
+            cards = {m["id"]: m for m in await client.models()}
+            assert cards["job-a-v3"]["root"] == str(path_a)
+            assert cards["job-b-v5"]["parent"] == "rollstream-tiny"
+            # Interleaved, concurrent: each request is decoded by its adapter's batch alone.
+            asks = [(name, seed) for seed in range(12) for name in ("job-a-v3", "job-b-v5")]
+            done = await asyncio.gather(*(client.complete(
+                PROMPT, {"max_tokens": 6, "seed": seed}, STOPS, model=name)
+                for name, seed in asks))
+            differs = 0
+            for (name, seed), completion in zip(asks, done, strict=True):
+                own, other = (model_a, model_b) if name == "job-a-v3" else (model_b, model_a)
+                assert completion.token_ids == seeded(own, PROMPT, seed), name
+                assert completion.policy_version == (3 if name == "job-a-v3" else 5)
+                differs += seeded(other, PROMPT, seed) != completion.token_ids
+            assert differs >= len(asks) // 2  # the other adapter's answer would show
+            # The base model is still the server's own weights (seed 0, version 0).
+            base = await client.complete(PROMPT, {"max_tokens": 6, "seed": 1}, STOPS)
+            assert base.token_ids == seeded(build_model(0), PROMPT, 1)
+
+            status, text = await post(session, url, "/v1/load_lora_adapter",
+                                      {"lora_name": "job-a-v3", "lora_path": str(path_b)})
+            assert status == 400 and "load_inplace" in text
+            async with session.post(url + "/v1/load_lora_adapter", json={
+                    "lora_name": "job-a-v3", "lora_path": str(path_b),
+                    "load_inplace": True}) as response:
+                assert response.status == 200 and response.headers[POLICY_VERSION_HEADER] == "3"
+            again = await client.complete(PROMPT, {"max_tokens": 6, "seed": 2}, STOPS,
+                                          model="job-a-v3")
+            assert again.token_ids == seeded(model_b, PROMPT, 2)
+
+            assert (await post(session, url, "/v1/unload_lora_adapter",
+                               {"lora_name": "job-b-v5"}))[0] == 200
+            with pytest.raises(BadRequest) as gone:
+                await client.complete(PROMPT, {"max_tokens": 6}, STOPS, model="job-b-v5")
+            assert gone.value.status == 404
+            assert "job-b-v5" not in {m["id"] for m in await client.models()}
+            assert (await post(session, url, "/v1/unload_lora_adapter",
+                               {"lora_name": "job-b-v5"}))[0] == 404
+            status, text = await post(session, url, "/v1/load_lora_adapter",
+                                      {"lora_name": "job-c-v1", "lora_path": "/nowhere"})
+            assert status == 400 and "cannot load adapter job-c-v1" in text
+            status, _ = await post(session, url, "/v1/load_lora_adapter", {"lora_name": "x"})
+            assert status == 400
+
+    with BackgroundServer() as url:
+        asyncio.run(main(url))
+
+
+def test_two_jobs_through_the_controller_and_run_each_sample_their_own_policy(
+        weights: dict) -> None:
+    (model_a, path_a), (model_b, path_b) = weights["a"], weights["b"]
+    models = {"job-a": model_a, "job-b": model_b}
+
+    async def main(url: str) -> dict[str, list[dict]]:
+        for job, version, path in (("job-a", 3, path_a), ("job-b", 7, path_b)):
+            [applied] = await apply_policy(policy_event(version, str(path)), [url], adapter=job)
+            assert applied.ok, applied.detail
+        async with aiohttp.ClientSession() as session:
+            assert await current_version(session, url, "job-a") == 3
+            assert await current_version(session, url, "job-b") == 7
+            assert await current_version(session, url) == 0  # the base: untouched
+        episodes = guess_episodes(16, max_tokens=6)
+        runs = await asyncio.gather(*(play(run_settings([url], adapter=job), episodes,
+                                           concurrency=8) for job in models))
+        return {job: trajectories for job, (trajectories, _) in zip(models, runs, strict=True)}
+
+    with BackgroundServer() as url:
+        played = asyncio.run(main(url))
+    for job, trajectories in played.items():
+        version = 3 if job == "job-a" else 7
+        other = models["job-b" if job == "job-a" else "job-a"]
+        differs = 0
+        for trajectory in trajectories:
+            assert trajectory["termination"] in ("DONE", "MAX_TURNS")
+            seed = trajectory["task"]["sampling"]["seed"]
+            for i, (turn, context) in enumerate(zip(trajectory["turns"], contexts(trajectory),
+                                                    strict=True)):
+                assert (turn["adapter"], turn["policy_version"]) == (f"{job}-v{version}", version)
+                ids = unpack_ids(turn["completion_ids"]).tolist()
+                assert ids == seeded(models[job], context, seed + i), (job, i)
+                differs += ids != seeded(other, context, seed + i)
+        assert differs > 0
