@@ -13,7 +13,7 @@ import pytest
 from rollstream.codec import unpack_ids
 from rollstream.dev.background import BackgroundServer
 from rollstream.inference.chat import EmbeddedChatTemplate
-from rollstream.inference.client import BadRequest, InferenceClient
+from rollstream.inference.client import BadRequest, Completion, InferenceClient
 from rollstream.inference.controller import apply_policy, current_version
 from rollstream.policy_server.model import TinyLM, build_model, generate, save
 from rollstream.wire import POLICY_VERSION_HEADER
@@ -137,3 +137,45 @@ def test_two_jobs_through_the_controller_and_run_each_sample_their_own_policy(
                 assert ids == seeded(models[job], context, seed + i), (job, i)
                 differs += ids != seeded(other, context, seed + i)
         assert differs > 0
+
+
+def test_reloading_one_adapter_never_mixes_its_weights_within_a_request(weights: dict) -> None:
+    (model_a, path_a), (model_b, path_b) = weights["a"], weights["b"]
+
+    async def main(url: str) -> tuple[list, list]:
+        async with aiohttp.ClientSession() as session, InferenceClient(url) as client:
+            for name, path in (("job-a-v1", path_a), ("job-b-v1", path_b)):
+                await post(session, url, "/v1/load_lora_adapter",
+                           {"lora_name": name, "lora_path": str(path)})
+
+            async def ask(name: str, seed: int) -> Completion:
+                return await client.complete(PROMPT, {"max_tokens": 48, "seed": seed}, [],
+                                       model=name)
+
+            before = [asyncio.ensure_future(ask("job-a-v1", s)) for s in range(6)]
+            others = [asyncio.ensure_future(ask("job-b-v1", s)) for s in range(6)]
+            await asyncio.sleep(0.05)  # running when the reload asks to swap
+            reload = asyncio.ensure_future(post(session, url, "/v1/load_lora_adapter", {
+                "lora_name": "job-a-v1", "lora_path": str(path_b), "load_inplace": True}))
+            await asyncio.sleep(0)
+            after = [asyncio.ensure_future(ask("job-a-v1", s)) for s in range(6, 12)]
+            assert (await reload)[0] == 200
+            after.append(asyncio.ensure_future(ask("job-a-v1", 12)))  # surely the new weights
+            return ([(s, c.token_ids) for s, c in enumerate(await asyncio.gather(*before,
+                                                                                   *after))],
+                    [c.token_ids for c in await asyncio.gather(*others)])
+
+    with BackgroundServer() as url:
+        a_side, b_side = asyncio.run(main(url))
+
+    def whole(model: TinyLM, seed: int) -> list[int]:
+        [(ids, _, _)] = generate(model, [PROMPT], max_tokens=48, seeds=[seed])
+        return ids
+
+    # Each request is all old weights or all new, never a mix (which of the two depends on
+    # when it arrived); job b's requests go on throughout.
+    mixed = [s for s, ids in a_side if ids not in (whole(model_a, s), whole(model_b, s))]
+    assert mixed == []
+    assert sum(whole(model_a, s) != whole(model_b, s) for s, _ in a_side) >= 10
+    assert a_side[-1][1] == whole(model_b, 12)
+    assert b_side == [whole(model_b, s) for s in range(6)]
