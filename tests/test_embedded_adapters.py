@@ -5,20 +5,29 @@ HTTP, through the controller and RUN's router, checked against the model compute
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
+import threading
+import time
+import urllib.request
 from pathlib import Path
 
 import aiohttp
 import pytest
 
-from rollstream.codec import unpack_ids
+from rollstream import kafka
+from rollstream.codec import codec, unpack_ids
+from rollstream.config import Settings
 from rollstream.dev.background import BackgroundServer
 from rollstream.inference.chat import EmbeddedChatTemplate
 from rollstream.inference.client import BadRequest, Completion, InferenceClient
-from rollstream.inference.controller import apply_policy, current_version
+from rollstream.inference.controller import Controller, apply_policy, current_version
 from rollstream.policy_server.model import TinyLM, build_model, generate, save
+from rollstream.topics import create_topics, delete_topics
 from rollstream.wire import POLICY_VERSION_HEADER
 from tests.run_helpers import contexts, guess_episodes, play, run_settings
 from tests.test_controller import policy_event
+from tests.test_controller_policy import wait
 
 STOPS = EmbeddedChatTemplate().stop_token_ids
 PROMPT = EmbeddedChatTemplate().first_prompt("Guess a digit.")
@@ -179,3 +188,53 @@ def test_reloading_one_adapter_never_mixes_its_weights_within_a_request(weights:
     assert sum(whole(model_a, s) != whole(model_b, s) for s, _ in a_side) >= 10
     assert a_side[-1][1] == whole(model_b, 12)
     assert b_side == [whole(model_b, s) for s in range(6)]
+
+
+@pytest.mark.slow
+def test_each_jobs_controller_service_keeps_its_own_adapter_current(
+        settings: Settings, bootstrap: str, weights: dict) -> None:
+    """Two jobs (own prefixes, own policy topics) whose `rollstream controller --adapter` share
+    one server: each loads its job's versions only, and puts back its adapter when it is gone."""
+    (_, path_a), (_, path_b) = weights["a"], weights["b"]
+    other = f"{settings.prefix}-b"
+    create_topics(bootstrap, other, partitions=4)
+
+    def publish(job: Settings, version: int, path: Path) -> None:
+        producer = kafka.producer(job)
+        kafka.produce(producer, job.topics.policy, codec().encode("PolicyVersion", {
+            **policy_event(version, str(path)), "created_at_ms": int(time.time() * 1000)}),
+            key="policy")
+        producer.flush()
+
+    def listed(url: str) -> set[str]:
+        with urllib.request.urlopen(url + "/v1/models", timeout=5) as response:
+            return {m["id"] for m in json.load(response)["data"]}
+
+    with BackgroundServer() as url:
+        jobs = [dataclasses.replace(settings, prefix=prefix, adapter=adapter, policy_url=url,
+                                    health_interval_s=0.5)
+                for prefix, adapter in ((settings.prefix, "job-a"), (other, "job-b"))]
+        controllers = [Controller(job) for job in jobs]
+        threads = [threading.Thread(target=asyncio.run, args=(c.serve(),)) for c in controllers]
+        for thread in threads:
+            thread.start()
+        try:
+            publish(jobs[0], 2, path_a)
+            publish(jobs[1], 5, path_b)
+            wait(lambda: {"job-a-v2", "job-b-v5"} <= listed(url), 60, "both jobs' adapters")
+            publish(jobs[0], 3, path_b)
+            wait(lambda: "job-a-v3" in listed(url), 60, "job a's next version")
+            # Job b's adapter goes (a restarted server would lose it): its controller alone
+            # loads it again.
+            urllib.request.urlopen(urllib.request.Request(
+                url + "/v1/unload_lora_adapter", data=json.dumps(
+                    {"lora_name": "job-b-v5"}).encode(),
+                headers={"Content-Type": "application/json"}), timeout=10).close()
+            wait(lambda: "job-b-v5" in listed(url), 60, "job b's adapter loaded again")
+            assert listed(url) == {"rollstream-tiny", "job-a-v2", "job-a-v3", "job-b-v5"}
+        finally:
+            for controller in controllers:
+                controller.stop()
+            for thread in threads:
+                thread.join(30)
+            delete_topics(bootstrap, other)
