@@ -30,12 +30,12 @@
   Without the middleware or native labels, responses carry no version and RUN records -1
   (unknown) rather than a guess.
 
-`rollstream controller` runs it as a service for one job (its prefix and `--adapter`): it reads
-<p>.policy from the beginning (the topic
-holds one small event per trainer step, and the newest version is the one every server must
-have), never rolls a server back to an older version, and every `health_interval_s` re-applies
-the newest version to servers that do not report it (one that was down, or newly listed in
-`policy_url_file`).
+`rollstream controller` runs it as a service for one job (its prefix and `--adapter`): it
+reads <p>.policy from the beginning (the topic holds one small event per trainer step, and the
+newest version is the one every server must have), never rolls a server back to an older
+version, and every `health_interval_s` re-applies the newest version to servers that do not
+report it (one that was down, or newly listed in `policy_url_file`; for a job's adapter, also
+one that lost it).
 """
 
 from __future__ import annotations

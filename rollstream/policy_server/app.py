@@ -109,7 +109,8 @@ class PolicyServer:
     async def completions(self, request: web.Request) -> web.Response:
         body = await json_body(request)
         model = body.get("model")
-        if model is not None and model != self.model_name and model not in self.engine.adapters:
+        if model is not None and model != self.model_name and (
+                not isinstance(model, str) or model not in self.engine.adapters):
             raise HTTPError(f"The model `{model}` does not exist.", 404, "model")
         for name, neutral in NEUTRAL.items():
             if body.get(name) not in (None, neutral):
