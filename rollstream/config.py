@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rollstream.graph import Topics
+from rollstream.wire import check_adapter
 
 if TYPE_CHECKING:
     from rollstream.sandbox.settings import SandboxSettings
@@ -78,6 +79,11 @@ class Settings:
     policy_url_file: str = _setting(
         "", "inference", "file listing more inference endpoints, one per line; re-read while "
         "running, so servers can be added and removed")
+    adapter: str = _setting(
+        "", "inference", "the job's LoRA adapter base name on shared inference servers: RUN "
+        "samples its newest `<adapter>-v<N>` and the controller loads its policy versions under "
+        "that name, never touching another job's (empty: `rollstream-policy-v<N>`, or the base "
+        "model where no such adapter is loaded)")
     request_timeout_s: float = _setting(60.0, "inference", "per inference request timeout")
     server_max_in_flight: int = _setting(
         64, "inference", "requests one RUN process sends one inference server at once; when "
@@ -119,6 +125,9 @@ class Settings:
         512, "bounds", "longest task_id, UTF-8 bytes (it keys every event)")
     # Resolved by `load` from the [kafka] table and the kafka_config file; no flag of its own.
     kafka_properties: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        check_adapter(self.adapter)  # a bad name fails at start, not as a server's 404
 
     @cached_property
     def topics(self) -> Topics:
@@ -242,7 +251,10 @@ def load(args: argparse.Namespace | None = None, **overrides: Any) -> Settings:
             if flag is not None:
                 values[f.name] = flag
     values.update(overrides)
-    resolved = replace(settings, **values)
+    try:
+        resolved = replace(settings, **values)
+    except ValueError as exc:  # a setting __post_init__ refuses: the reason, not a traceback
+        raise SystemExit(str(exc)) from exc
     properties = {k: str(v) for k, v in table.items()}
     if resolved.kafka_config:
         properties.update(read_properties(Path(resolved.kafka_config)))

@@ -222,6 +222,7 @@ def turn_record(index: int, sampled: Sampled, step: StepResult, env_ms: float) -
         "completion_ids": pack_ids(completion.token_ids),
         "logprobs": pack_logprobs(completion.logprobs),
         "policy_version": completion.policy_version,
+        "adapter": completion.adapter,
         "finish_reason": completion.finish_reason,
         "completion_text": completion.text,
         "tool_call": step.tool_call,

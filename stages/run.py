@@ -110,7 +110,8 @@ class RunStage(Stage):
         self.router = Router(self.settings.policy_urls,
                              max_episodes=self.settings.server_max_in_flight,
                              timeout_s=self.settings.request_timeout_s,
-                             health_interval_s=self.settings.health_interval_s)
+                             health_interval_s=self.settings.health_interval_s,
+                             adapter=self.settings.adapter)
         await self.router.start()
         self.turns = Turns(self.router, self.template, self.checkpoint)
         self.gateway = Gateway(self.turns, port=self.settings.gateway_port)

@@ -8,6 +8,7 @@ import dataclasses
 from collections.abc import Awaitable, Callable, Sequence
 
 from producers.publish import validate_task
+from rollstream.codec import unpack_ids
 from rollstream.config import Settings
 from rollstream.inference.chat import ChatTemplate
 from rollstream.runtime import EventContext
@@ -27,6 +28,19 @@ def guess_episodes(n: int, max_turns: int = 3, max_tokens: int = 4) -> list[dict
         episodes.append({"episode_id": f"g{i}#0", "task": task, "sample_index": 0,
                          "created_at_ms": 0})
     return episodes
+
+
+def contexts(trajectory: dict) -> list[list[int]]:
+    """The ids each turn was sampled from: its sample's ids so far, then its prompt."""
+    out: list[list[int]] = []
+    sample: list[int] = []
+    for turn in trajectory["turns"]:
+        if turn["new_sample"]:
+            sample = []
+        sample += unpack_ids(turn["prompt_ids"]).tolist()
+        out.append(list(sample))
+        sample += unpack_ids(turn["completion_ids"]).tolist()
+    return out
 
 
 def run_settings(urls: Sequence[str], **overrides: object) -> Settings:

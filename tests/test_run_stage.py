@@ -71,7 +71,7 @@ def test_run_resumes_an_episode_from_its_checkpoint(settings: Settings, policy_u
         "logprobs": pack_logprobs([-0.5, -0.25]), "policy_version": 0,
         "finish_reason": "stop", "completion_text": "3", "tool_call": json.dumps({"guess": 3}),
         "observation": "higher", "server": "crashed-run", "started_at_ms": 1,
-        "inference_ms": 1.0, "env_ms": 0.0, "new_sample": False,
+        "inference_ms": 1.0, "env_ms": 0.0, "new_sample": False, "adapter": None,
     }
     checkpoint = {
         "episode_id": "resume-1#0", "task": task, "sample_index": 0, "turns": [turn0],

@@ -32,7 +32,7 @@ from rollstream.inference.client import InferenceClient
 from rollstream.inference.controller import apply_policy, current_version
 from rollstream.wire import lora_name
 from stages.run import conversation
-from tests.run_helpers import guess_episodes, play, run_settings
+from tests.run_helpers import contexts, guess_episodes, play, run_settings
 from tests.sandbox_helpers import needs_bwrap, sandbox_root
 from tests.test_mini_swe_agent import HARNESS_BIN, needs_mini
 from tests.test_swe_pipeline import SHIPPED
@@ -81,19 +81,6 @@ def greedy_episodes(n: int, max_turns: int, max_tokens: int) -> list[dict]:
     for e in episodes:
         e["task"]["sampling"].update(temperature=0.0, seed=None)
     return episodes
-
-
-def contexts(trajectory: dict) -> list[list[int]]:
-    """The ids each turn was sampled from: its sample's ids so far, then its prompt."""
-    out: list[list[int]] = []
-    sample: list[int] = []
-    for turn in trajectory["turns"]:
-        if turn["new_sample"]:
-            sample = []
-        sample += unpack_ids(turn["prompt_ids"]).tolist()
-        out.append(list(sample))
-        sample += unpack_ids(turn["completion_ids"]).tolist()
-    return out
 
 
 async def prompt_logprobs(server: RealVllm, ids: list[int]) -> list[float]:
@@ -241,6 +228,50 @@ def test_two_jobs_adapters_on_one_server_each_answer_their_own_requests(
                           prompt, 10, stop)
         assert own != other  # an answer from the other job's adapter would show
         assert ids == own, name
+
+
+def test_two_jobs_adapters_loaded_by_the_controller_each_sample_their_jobs_turns(
+        real_vllm: RealVllm) -> None:
+    """Two jobs share the server: the controller applies each job's PolicyVersion to that job's
+    adapter, and RUN's router (one per job) sends each job's turns to its own adapter only."""
+    model = real_vllm.model
+    jobs = {"job-a": model.adapters[0], "job-b": model.adapters[1]}
+    settings = {job: run_settings([real_vllm.url], tokenizer_path=str(model.model),
+                                  request_timeout_s=120.0, adapter=job) for job in jobs}
+
+    async def main() -> tuple[dict[str, int], dict[str, list[dict]]]:
+        await apply(real_vllm, model.weights[0])
+        versions = {job: next(_versions) for job in jobs}
+        try:
+            for job, path in jobs.items():
+                [result] = await apply_policy(event(versions[job], path, "lora"),
+                                              [real_vllm.url], adapter=job)
+                assert result.ok, result.detail
+            runs = await asyncio.gather(*(play(settings[job], greedy_episodes(4, 2, 8),
+                                               concurrency=4) for job in jobs))
+        finally:  # the adapters hold vLLM's LoRA slots
+            async with aiohttp.ClientSession() as session:
+                for job in jobs:
+                    await session.post(real_vllm.url + "/v1/unload_lora_adapter",
+                                       json={"lora_name": lora_name(versions[job], job)})
+        return versions, {job: t for job, (t, _) in zip(jobs, runs, strict=True)}
+
+    versions, played = asyncio.run(main())
+    stop = AutoTokenizer.from_pretrained(model.model).convert_tokens_to_ids(STOP)
+    for job, trajectories in played.items():
+        other = next(j for j in jobs if j != job)
+        differs = 0
+        for trajectory in trajectories:
+            assert trajectory["termination"] != "INFRA_ERROR", trajectory["termination_detail"]
+            for turn, context in zip(trajectory["turns"], contexts(trajectory), strict=True):
+                assert turn["adapter"] == lora_name(versions[job], job)
+                assert turn["policy_version"] == versions[job]
+                ids = unpack_ids(turn["completion_ids"]).tolist()
+                assert ids == hf_greedy(hf_model(model.weights[0], jobs[job]), context, 8,
+                                        stop), job
+                differs += ids != hf_greedy(hf_model(model.weights[0], jobs[other]), context,
+                                            8, stop)
+        assert differs > 0, job  # the other job's adapter would have answered otherwise
 
 
 def test_closed_loop_trains_the_tiny_model_and_every_version_is_served(

@@ -17,7 +17,9 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
                     "/v1/load_lora_adapter, full weights via the embedded server's "
                     "/v1/load_weights or vLLM's dev-mode pause / reload_weights / resume "
                     "(vLLM 0.33: from the event's path, with native weight labels; vLLM "
-                    "0.12: in place, from the path the server was started with).")
+                    "0.12: in place, from the path the server was started with). With "
+                    "--adapter, only that job's LoRA adapters (<adapter>-v<N>) are loaded and "
+                    "unloaded, on servers other jobs share.")
     config.add_arguments(parser, "kafka", "service", "inference")
     parser.set_defaults(func=_run)
 

@@ -43,7 +43,8 @@ class ScriptedEngine:
         self.max_model_len = max_model_len
         self.vocab_size = VOCAB_SIZE
         self.tokenizer = ByteTokenizer()
-        self.batch: tuple = ()
+        self.running = 0
+        self.adapters: dict[str, str] = {}  # none: no weights to load as one
         self.waiting: deque = deque()
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
@@ -56,6 +57,9 @@ class ScriptedEngine:
         self.alive = False
 
     async def load_weights(self, path: str, version: int | None) -> int:
+        raise ValueError("a scripted policy has no weights to load")
+
+    async def load_adapter(self, name: str, path: str) -> int:
         raise ValueError("a scripted policy has no weights to load")
 
     def completion_text(self, prompt_ids: list[int]) -> str:

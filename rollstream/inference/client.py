@@ -120,6 +120,7 @@ class Completion:
     # vLLM 0.33's `choices[].weight_versions`: [{version, start, end}] over the output tokens
     # (the label set with /update_weight_version); None from servers without it.
     weight_versions: list[dict[str, Any]] | None = None
+    adapter: str | None = None  # the LoRA adapter the request named (the router sets it)
 
 
 def request_body(
@@ -136,7 +137,9 @@ def request_body(
     s = {**SAMPLING_DEFAULTS, **sampling}
     body: dict[str, Any] = {
         "model": model,
-        "prompt": [int(t) for t in prompt_ids],
+        # RUN's ids are Python ints already: a copy, not an int() per id (at 32k ids that was
+        # about half of building the body; JSON lists are what vLLM takes, so not arrays here).
+        "prompt": list(prompt_ids),
         "max_tokens": int(s["max_tokens"]),
         "temperature": float(s["temperature"]),
         "top_p": float(s["top_p"]),

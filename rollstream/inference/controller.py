@@ -1,9 +1,16 @@
 """The inference controller: applies each PolicyVersion on <p>.policy to every inference server.
 
-`apply_policy(event, servers)` is the whole mechanism, per server:
-- LoRA (`kind: lora`): `POST /v1/load_lora_adapter` under the name `rollstream-policy-v<N>` (vLLM
-  needs VLLM_ALLOW_RUNTIME_LORA_UPDATING=True). RUN sends requests to the newest adapter by name,
-  so a turn's version is the adapter it named. Adapters older than the previous one are unloaded.
+`apply_policy(event, servers, adapter=...)` is the whole mechanism, per server:
+- LoRA (`kind: lora`): `POST /v1/load_lora_adapter` under the name `<adapter>-v<N>`
+  (rollstream.wire; `rollstream-policy-v<N>` when the job names no adapter; vLLM needs
+  VLLM_ALLOW_RUNTIME_LORA_UPDATING=True), with `load_inplace` where that name is loaded already
+  (its weights are replaced). RUN sends requests to the job's newest adapter by name, so a
+  turn's version is the adapter it named. The job's adapters older than the previous one are
+  unloaded; other jobs' adapters are never touched.
+- A job with its own adapter on shared servers (`--adapter NAME`): on vLLM only LoRA versions
+  apply (full weights would replace the base model every job shares, so they are refused);
+  on the embedded server a full weight set is loaded as the job's adapter
+  (`/v1/load_lora_adapter`: an embedded "adapter" is a whole tiny model).
 - full weights, embedded policy server: `POST /v1/load_weights {path, version}`; the server
   drains its running batch on the old weights before it swaps.
 - full weights, vLLM (VLLM_SERVER_DEV_MODE=1), by what the server is (`GET /version`,
@@ -23,11 +30,12 @@
   Without the middleware or native labels, responses carry no version and RUN records -1
   (unknown) rather than a guess.
 
-`rollstream controller` runs it as a service: it reads <p>.policy from the beginning (the topic
-holds one small event per trainer step, and the newest version is the one every server must
-have), never rolls a server back to an older version, and every `health_interval_s` re-applies
-the newest version to servers that do not report it (one that was down, or newly listed in
-`policy_url_file`).
+`rollstream controller` runs it as a service for one job (its prefix and `--adapter`): it
+reads <p>.policy from the beginning (the topic holds one small event per trainer step, and the
+newest version is the one every server must have), never rolls a server back to an older
+version, and every `health_interval_s` re-applies the newest version to servers that do not
+report it (one that was down, or newly listed in `policy_url_file`; for a job's adapter, also
+one that lost it).
 """
 
 from __future__ import annotations
@@ -43,7 +51,7 @@ from typing import Any
 import aiohttp
 
 from rollstream import config, health, metrics
-from rollstream.wire import VERSION_PATH, lora_name, lora_version
+from rollstream.wire import VERSION_PATH, check_adapter, lora_name, lora_version
 
 log = logging.getLogger("rollstream.inference.controller")
 
@@ -66,30 +74,35 @@ async def apply_policy(
     *,
     session: aiohttp.ClientSession | None = None,
     timeout_s: float = 600.0,
+    adapter: str = "",
 ) -> list[Applied]:
-    """Apply one PolicyVersion event to every server, concurrently; one result per server.
+    """Apply one PolicyVersion event of the job whose adapter base name is `adapter` ("": the
+    default) to every server, concurrently; one result per server.
 
     A server that fails does not stop the others: the caller retries it (the service does)."""
+    check_adapter(adapter)
     own = session is None
     session = session or aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s))
     try:
-        return list(await asyncio.gather(*(_apply(session, url, event) for url in servers)))
+        return list(await asyncio.gather(*(_apply(session, url, event, adapter)
+                                           for url in servers)))
     finally:
         if own:
             await session.close()
 
 
-async def current_version(session: aiohttp.ClientSession, url: str) -> int | None:
-    """The policy version a server reports it serves: the newest Rollstream LoRA adapter it
-    lists, else vLLM's native weight label (when it is a number), else its version stamp
-    (embedded server, or vLLM with the middleware); None if it reports none or cannot be
-    reached."""
+async def current_version(session: aiohttp.ClientSession, url: str,
+                          adapter: str = "") -> int | None:
+    """The policy version a server reports it serves the job of `adapter`: the newest of the
+    job's LoRA adapters it lists; for the default job, else vLLM's native weight label (when it
+    is a number), else its version stamp (embedded server, or vLLM with the middleware); None
+    if it reports none or cannot be reached."""
     try:
         models = await _call(session, "GET", url, "/v1/models")
-        adapters = [lora_version(str(m.get("id", ""))) for m in models.get("data", [])]
+        adapters = [lora_version(str(m.get("id", "")), adapter) for m in models.get("data", [])]
         versions = [v for v in adapters if v is not None]
-        if versions:
-            return max(versions)
+        if versions or adapter:  # a job's own adapter: the base model's version is not its
+            return max(versions, default=None)
         info = await _call(session, "GET", url, "/weight_info", missing_ok=True)
         if isinstance(info, dict):
             label = str(info.get("weight_version"))
@@ -100,23 +113,30 @@ async def current_version(session: aiohttp.ClientSession, url: str) -> int | Non
     return stamp.get("version") if isinstance(stamp, dict) else None
 
 
-async def _apply(session: aiohttp.ClientSession, url: str, event: Mapping[str, Any]) -> Applied:
+async def _apply(session: aiohttp.ClientSession, url: str, event: Mapping[str, Any],
+                 adapter: str) -> Applied:
     started = time.monotonic()
-    applied = await _apply_steps(session, url, event)
+    applied = await _apply_steps(session, url, event, adapter)
     metrics.policy_update(url, applied.ok, time.monotonic() - started)
     return applied
 
 
 async def _apply_steps(session: aiohttp.ClientSession, url: str,
-                       event: Mapping[str, Any]) -> Applied:
+                       event: Mapping[str, Any], adapter: str) -> Applied:
     version = int(event["version"])
     try:
         models = await _call(session, "GET", url, "/v1/models")
         embedded = any(m.get("owned_by") == "rollstream" for m in models.get("data", []))
         if event.get("kind", "full") == "lora":
             if embedded:
-                raise ApplyError("the embedded policy server has no LoRA support")
-            detail = await _load_lora(session, url, version, event["uri"], models)
+                raise ApplyError("the embedded policy server has no LoRA support: its adapters "
+                                 "are full weight sets (publish kind full with --adapter)")
+            detail = await _load_lora(session, url, version, event["uri"], models, adapter)
+        elif adapter and embedded:
+            detail = await _load_lora(session, url, version, event["uri"], models, adapter)
+        elif adapter:
+            raise ApplyError(f"job adapter {adapter!r}: full weights would replace the base "
+                             f"model every job on this server shares; publish LoRA versions")
         elif embedded:
             await _call(session, "POST", url, "/v1/load_weights",
                         {"path": event["uri"], "version": version})
@@ -131,17 +151,21 @@ async def _apply_steps(session: aiohttp.ClientSession, url: str,
 
 
 async def _load_lora(session: aiohttp.ClientSession, url: str, version: int, uri: str,
-                     models: Any) -> str:
-    name = lora_name(version)
+                     models: Any, adapter: str) -> str:
+    name = lora_name(version, adapter)
     loaded = {str(m.get("id")) for m in models.get("data", [])}
-    if name not in loaded:
-        await _call(session, "POST", url, "/v1/load_lora_adapter",
-                    {"lora_name": name, "lora_path": uri})
-    # Keep the previous adapter: RUN may still have requests naming it in flight.
-    stale = sorted(m for m in loaded if (lora_version(m) or version) < version - 1)
+    body: dict[str, Any] = {"lora_name": name, "lora_path": uri}
+    if name in loaded:
+        body["load_inplace"] = True  # this version's weights again, e.g. republished
+    await _call(session, "POST", url, "/v1/load_lora_adapter", body)
+    # Keep the previous adapter: RUN may still have requests naming it in flight. Only this
+    # job's: another job's adapters never parse as this job's versions.
+    stale = sorted(m for m in loaded
+                   if (v := lora_version(m, adapter)) is not None and v < version - 1)
     for old in stale:
         await _call(session, "POST", url, "/v1/unload_lora_adapter", {"lora_name": old})
-    return f"load_lora_adapter {name}" + (f", unloaded {', '.join(stale)}" if stale else "")
+    return (f"load_lora_adapter {name}" + (" in place" if name in loaded else "")
+            + (f", unloaded {', '.join(stale)}" if stale else ""))
 
 
 @dataclass(frozen=True)
@@ -318,11 +342,15 @@ class Controller:
         assert self.latest is not None
         version = self.latest["version"]
         servers = self.settings.policy_urls()
-        reported = await asyncio.gather(*(current_version(session, u) for u in servers))
+        adapter = self.settings.adapter
+        reported = await asyncio.gather(*(current_version(session, u, adapter) for u in servers))
         metrics.servers_checked(version, len(servers), sum(v is not None for v in reported))
-        todo = [u for u, v in zip(servers, reported, strict=True)
-                if v != version and not (v is None and self.applied.get(u) == version)]
-        results = await apply_policy(self.latest, todo, session=session) if todo else []
+        # A server that cannot report a full-weight version is trusted once applied; a job's
+        # adapter is always listed, so one that is not is loaded again (a restarted server).
+        todo = [u for u, v in zip(servers, reported, strict=True) if v != version and not (
+            v is None and not adapter and self.applied.get(u) == version)]
+        results = (await apply_policy(self.latest, todo, session=session, adapter=adapter)
+                   if todo else [])
         for r in results:
             if r.ok:
                 self.applied[r.server] = r.version

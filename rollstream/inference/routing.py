@@ -15,6 +15,13 @@
   server list itself is re-read (servers can be added and removed while running). A refused
   connection ejects a server at once; `EJECT_AFTER` consecutive failed requests (5xx, timeouts)
   eject it too, until a later health check finds it answering again.
+- Jobs: a router serves one job's episodes; `adapter` is the job's LoRA adapter base name on
+  shared servers. Every request names that job's newest adapter on the server
+  (`<adapter>-v<N>`, rollstream.wire), never another job's. A server that lists none of the
+  job's adapters is not usable for the job (it takes none of its episodes, and `capacity()`
+  counts it as full), and when no healthy server has one, a turn waits for the controller to
+  load it as it waits out a weight update, rather than failing as infra. With no `adapter`
+  (the default) a server's newest `rollstream-policy-v<N>`, or else its base model, serves.
 - Policy version: a response's `X-Rollstream-Policy-Version` header (embedded server, or vLLM
   with rollstream.vllm_middleware) is exact. A server with Rollstream LoRA adapters is sent the
   newest adapter by name, and that adapter's version is the turn's. vLLM 0.33's own labels
@@ -40,13 +47,14 @@ from typing import Any
 
 from rollstream import metrics
 from rollstream.inference.client import (
+    BadRequest,
     Completion,
     InferenceClient,
     InferenceError,
     ServerError,
     ServerUpdating,
 )
-from rollstream.wire import lora_version
+from rollstream.wire import check_adapter, lora_version
 
 log = logging.getLogger("rollstream.inference.routing")
 
@@ -60,6 +68,11 @@ class NoServer(ServerError):
 
 class VersionUnknown(ServerUpdating):
     """The response came from a server in the middle of a weight update: sample it again."""
+
+
+class AdapterMissing(ServerUpdating):
+    """No healthy server holds the job's adapter (not loaded yet, or just unloaded): wait for
+    the controller, as for a weight update; not a failing server."""
 
 
 def labelled_version(spans: Sequence[Mapping[str, Any]]) -> int:
@@ -77,6 +90,7 @@ def labelled_version(spans: Sequence[Mapping[str, Any]]) -> int:
 class Server:
     url: str
     client: InferenceClient
+    needs_adapter: bool = False  # the job names an adapter: only a server with it is of use
     healthy: bool = False  # until the first health check or successful request says otherwise
     removed: bool = False  # no longer listed: takes no new episodes, finishes its requests
     episodes: int = 0  # episodes pinned here now
@@ -85,14 +99,18 @@ class Server:
     failures: int = 0  # consecutive failed requests
     foreign: float = 0.0  # other clients' running + waiting requests at the last scrape
     kv_usage: float = 0.0
-    lora: tuple[str, int] | None = None  # newest Rollstream adapter: (model name, version)
+    lora: tuple[str, int] | None = None  # the job's newest adapter: (model name, version)
     # vLLM's weight label at the last completed read of /weight_info; None: no such route.
     weight_label: str | None = None
     stamps_versions: bool = False
 
     @property
     def usable(self) -> bool:
-        return self.healthy and not self.removed
+        return self.healthy and not self.removed and not self.lacks_adapter
+
+    @property
+    def lacks_adapter(self) -> bool:
+        return self.needs_adapter and self.lora is None
 
     def score(self) -> tuple[float, int]:
         return self.episodes + self.foreign + self.kv_usage, self.assigned
@@ -106,8 +124,10 @@ class Router:
         max_episodes: int = 64,
         timeout_s: float = 60.0,
         health_interval_s: float = 2.0,
+        adapter: str = "",
     ) -> None:
         self._urls = urls if callable(urls) else (lambda: list(urls))
+        self.adapter = check_adapter(adapter)
         self.max_episodes = max_episodes
         self.timeout_s = timeout_s
         self.health_interval_s = health_interval_s
@@ -176,6 +196,8 @@ class Router:
         backs off and calls again, possibly landing on another server) or InferenceError."""
         server = self.pin(episode_id)
         if server is None:
+            if any(s.lacks_adapter and s.healthy for s in self.servers.values()):
+                raise AdapterMissing(f"no healthy server holds a {self.adapter}-v<N> adapter yet")
             raise NoServer("no usable inference server (all down, ejected or removed)")
         lora = server.lora
         label_before = server.weight_label
@@ -187,11 +209,20 @@ class Router:
             self._failed(server, exc)
             metrics.inference_request(server.url, ok=False)
             raise
+        except BadRequest as exc:
+            if lora is None or exc.status != 404:
+                raise
+            # The adapter went between two health checks: this server is no longer of use to
+            # the job; the turn is sampled again where the adapter is.
+            if server.lora == lora:
+                server.lora = None
+            raise AdapterMissing(f"{lora[0]} is gone: {exc}", server=server.url) from exc
         finally:
             server.in_flight -= 1
         server.failures = 0
         server.healthy = True
         metrics.inference_request(server.url, ok=True)
+        completion.adapter = lora[0] if lora else None
         if completion.policy_version is not None:
             server.stamps_versions = True
         elif lora is not None:
@@ -245,7 +276,8 @@ class Router:
         listed = list(dict.fromkeys(u.rstrip("/") for u in self._urls()))
         for url in listed:
             if url not in self.servers:
-                self.servers[url] = Server(url, InferenceClient(url, timeout_s=self.timeout_s))
+                self.servers[url] = Server(url, InferenceClient(url, timeout_s=self.timeout_s),
+                                           needs_adapter=bool(self.adapter))
                 log.info("server %s added", url)
             self.servers[url].removed = False
         for url, server in list(self.servers.items()):
@@ -274,9 +306,15 @@ class Router:
         reported = load.get("running", 0.0) + load.get("waiting", 0.0)
         server.foreign = max(0.0, reported - server.in_flight)
         server.kv_usage = load.get("kv_usage", 0.0)
-        adapters = [(lora_version(str(m.get("id", ""))), str(m.get("id"))) for m in models]
+        adapters = [(lora_version(str(m.get("id", "")), self.adapter), str(m.get("id")))
+                    for m in models]
         newest = max(((v, name) for v, name in adapters if v is not None), default=None)
+        lacked = server.lacks_adapter
         server.lora = (newest[1], newest[0]) if newest else None
+        if healthy and server.lacks_adapter != lacked:
+            log.info("server %s %s", server.url,
+                     f"lists no {self.adapter}-v<N> adapter: not usable for this job"
+                     if server.lora is None else f"holds {server.lora[0]}: usable for this job")
         if healthy:
             server.weight_label = label
         metrics.server_probed(server)

@@ -8,6 +8,14 @@ POST /collective_rpc {"method": "reload_weights", "kwargs": {"weights_path"}}.
 GET /rollstream/policy_version reports the loaded version, as rollstream.vllm_middleware does
 for vLLM.
 
+Adapters, as vLLM's runtime LoRA endpoints: POST /v1/load_lora_adapter {"lora_name",
+"lora_path", "load_inplace"?}, POST /v1/unload_lora_adapter {"lora_name"}; GET /v1/models lists
+them after the base model (`parent` naming it, `root` the path), and a completions request
+naming one (`model: <lora_name>`) is sampled by its weights alone; its version header is the
+adapter's (the N of a `<adapter>-v<N>` name, else its checkpoint's). An adapter of the tiny
+model is a whole checkpoint of it (`rollstream.policy_server.model.save`), not a low-rank delta:
+the contract is vLLM's, the weights are what this model has (see `engine`).
+
 Compatibility notes (vLLM 0.12+ behaviour, mirrored here):
 - `token_ids` holds every sampled id including the stop token (EOS or a `stop_token_ids` entry)
   that ended the completion, and `logprobs` has an entry for it; only `text` leaves it out
@@ -43,7 +51,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from rollstream.inference.chat import EmbeddedChatTemplate
 from rollstream.inference.tokenizer import ByteTokenizer
-from rollstream.policy_server.engine import Engine
+from rollstream.policy_server.engine import AdapterGone, Engine
 from rollstream.policy_server.model import (
     Sequence,
     build_model,
@@ -91,6 +99,8 @@ class PolicyServer:
             web.get("/metrics", self.metrics),
             web.post("/v1/load_weights", self.load_weights),
             web.post("/collective_rpc", self.collective_rpc),
+            web.post("/v1/load_lora_adapter", self.load_lora_adapter),
+            web.post("/v1/unload_lora_adapter", self.unload_lora_adapter),
             web.get(VERSION_PATH, self.policy_version),
         ]
 
@@ -99,7 +109,8 @@ class PolicyServer:
     async def completions(self, request: web.Request) -> web.Response:
         body = await json_body(request)
         model = body.get("model")
-        if model is not None and model != self.model_name:
+        if model is not None and model != self.model_name and (
+                not isinstance(model, str) or model not in self.engine.adapters):
             raise HTTPError(f"The model `{model}` does not exist.", 404, "model")
         for name, neutral in NEUTRAL.items():
             if body.get(name) not in (None, neutral):
@@ -115,7 +126,12 @@ class PolicyServer:
         except ValueError as exc:  # ContextLengthError included: a 400, as in vLLM
             raise HTTPError(str(exc)) from exc
         seq = Sequence(prompt_ids, params)
-        version = await self.engine.generate(seq)
+        if model in self.engine.adapters:
+            seq.adapter = model
+        try:
+            version = await self.engine.generate(seq)
+        except AdapterGone as exc:  # unloaded while the request waited
+            raise HTTPError(f"The model `{model}` does not exist.", 404, "model") from exc
         choice: dict[str, Any] = {
             "index": 0,
             "text": self._text(seq, body),
@@ -134,7 +150,7 @@ class PolicyServer:
             "id": f"cmpl-{uuid.uuid4().hex}",
             "object": "text_completion",
             "created": int(time.time()),
-            "model": self.model_name,
+            "model": model or self.model_name,
             "choices": [choice],
             "service_tier": None,
             "system_fingerprint": None,
@@ -249,7 +265,9 @@ class PolicyServer:
             "parent": None,
             "max_model_len": self.max_model_len,
         }
-        return web.json_response({"object": "list", "data": [card]})
+        adapters = [{**card, "id": name, "root": path, "parent": self.model_name}
+                    for name, path in self.engine.adapters.items()]
+        return web.json_response({"object": "list", "data": [card, *adapters]})
 
     async def metrics(self, request: web.Request) -> web.Response:
         registry = CollectorRegistry(auto_describe=False)
@@ -280,6 +298,33 @@ class PolicyServer:
         version = await self._reload(path, None)  # version from the checkpoint's metadata
         return web.json_response({"results": [None]}, headers={POLICY_VERSION_HEADER: str(version)})
 
+    async def load_lora_adapter(self, request: web.Request) -> web.Response:
+        body = await json_body(request)
+        name, path = body.get("lora_name"), body.get("lora_path")
+        if not isinstance(name, str) or not name or not isinstance(path, str) or not path:
+            raise HTTPError("load_lora_adapter needs `lora_name` and `lora_path`.")
+        if name == self.model_name:
+            raise HTTPError(f"`{name}` is the base model's name.", param="lora_name")
+        if name in self.engine.adapters and not field(body, "load_inplace", bool, False):
+            raise HTTPError(f"The lora adapter '{name}' has already been loaded. If you want to "
+                            f"load the adapter in place, set 'load_inplace' to True.",
+                            param="lora_name")
+        try:
+            version = await self.engine.load_adapter(name, path)
+        except (OSError, ValueError, RuntimeError) as exc:  # missing, torn or mismatched file
+            raise HTTPError(f"cannot load adapter {name} from {path}: {exc}",
+                            param="lora_path") from exc
+        return web.Response(text=f"Success: LoRA adapter '{name}' added successfully.",
+                            headers={POLICY_VERSION_HEADER: str(version)})
+
+    async def unload_lora_adapter(self, request: web.Request) -> web.Response:
+        body = await json_body(request)
+        name = body.get("lora_name")
+        if not isinstance(name, str) or name not in self.engine.adapters:
+            raise HTTPError(f"The lora adapter '{name}' cannot be found.", 404, "lora_name")
+        await self.engine.unload_adapter(name)
+        return web.Response(text=f"Success: LoRA adapter '{name}' removed successfully.")
+
     async def policy_version(self, request: web.Request) -> web.Response:
         return web.json_response({"version": self.engine.policy_version})
 
@@ -304,11 +349,11 @@ class _EngineCollector:
         # in use, which is what limits admission here just as KV blocks do in vLLM.
         gauges = [
             ("num_requests_running", "Number of requests in model execution batches.",
-             len(engine.batch)),
+             engine.running),
             ("num_requests_waiting", "Number of requests waiting to be processed.",
              len(engine.waiting)),
             ("kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
-             len(engine.batch) / engine.max_batch),
+             engine.running / engine.max_batch),
         ]
         counters = [
             ("num_preemptions", "Cumulative number of preemption from the engine.", 0),

@@ -147,6 +147,8 @@ class Sequence:
     def __init__(self, prompt_ids: list[int], params: SamplingParams) -> None:
         self.prompt_ids = prompt_ids
         self.params = params
+        # The weight set that samples it: "" the server's own, else an adapter's name (engine).
+        self.adapter = ""
         self.stop_set = frozenset(params.stop_token_ids)
         # The uniform draw for each token, drawn once on joining a batch: from the request's own
         # generator when it has a seed, so it samples the same whatever shares its batch.
