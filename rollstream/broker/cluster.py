@@ -82,13 +82,19 @@ def _new_state(nodes: int) -> dict[str, Any]:
     st = {"cluster_id": cluster_id, "nodes": [
         {"id": i + 1, "port": ordered[2 * i], "controller_port": ordered[2 * i + 1]}
         for i in range(nodes)]}
-    cluster_dir().mkdir(parents=True, exist_ok=True)
-    _state_path().write_text(json.dumps(st, indent=2) + "\n")
+    local.add_listener_ports(st["nodes"])
+    _save(st)
     return st
 
 
-def bootstrap_of(st: dict[str, Any]) -> str:
-    return ",".join(f"{HOST}:{n['port']}" for n in st["nodes"])
+def _save(st: dict[str, Any]) -> None:
+    cluster_dir().mkdir(parents=True, exist_ok=True)
+    _state_path().write_text(json.dumps(st, indent=2) + "\n")
+
+
+def bootstrap_of(st: dict[str, Any], port: str = "port") -> str:
+    """The nodes' addresses on one listener (`port`: the key of its port)."""
+    return ",".join(f"{HOST}:{n[port]}" for n in st["nodes"])
 
 
 def _node(st: dict[str, Any], node: int) -> dict[str, Any]:
@@ -104,7 +110,7 @@ def _write_config(st: dict[str, Any], node: int) -> Path:
         "process.roles=broker,controller",
         f"node.id={node}",
         f"controller.quorum.voters={voters}",
-        *local.listener_lines(me["port"], me["controller_port"]),
+        *local.listener_lines(me),
         f"log.dirs={node_dir(node) / 'data'}",
         *(f"{k}={v}" for k, v in settings.items()),
     ]
@@ -157,7 +163,10 @@ def start(nodes: int = 3, timeout: float = 120) -> str:
     if st is not None and len(st["nodes"]) != nodes:
         raise BrokerError(f"the cluster in {cluster_dir()} has {len(st['nodes'])} nodes; stop it "
                           f"and delete that folder to start one of {nodes}")
-    st = st or _new_state(nodes)
+    if st is None:
+        st = _new_state(nodes)
+    elif local.add_listener_ports(st["nodes"]):
+        _save(st)
     # Formatting is a JVM start per node: done for all first, in parallel.
     for n in st["nodes"]:
         node_dir(n["id"]).mkdir(parents=True, exist_ok=True)
