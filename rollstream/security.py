@@ -38,8 +38,9 @@ def faust_credentials(props: dict[str, str]) -> Any:
     mechanism = props.get("sasl.mechanism", props.get("sasl.mechanisms", "GSSAPI")).upper()
     if mechanism not in AIOKAFKA_MECHANISMS:
         raise UnsupportedSecurity(
-            f"`rollstream stats` supports sasl.mechanism {', '.join(AIOKAFKA_MECHANISMS)}; "
-            f"{mechanism} needs a token or Kerberos provider of faust's own")
+            f"`rollstream stats` supports sasl.mechanism {', '.join(AIOKAFKA_MECHANISMS)}, not "
+            f"{mechanism}: faust's client takes no token or Kerberos settings, only a provider "
+            "object of the application's own (docs/security.md)")
     return SASLCredentials(
         username=props.get("sasl.username"), password=props.get("sasl.password"),
         mechanism=mechanism,

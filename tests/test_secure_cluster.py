@@ -30,7 +30,7 @@ from rollstream.broker import cluster, local, secure
 from rollstream.broker.secure import Material
 from rollstream.dev.processes import ProcessGroup, free_port, wait_http
 from rollstream.kafka import read_partitions
-from rollstream.kafka_errors import EX_NOPERM
+from rollstream.kafka_errors import EX_CONFIG, EX_NOPERM
 from rollstream.security import faust_credentials
 from rollstream.topics import create_topics, delete_topics
 
@@ -303,6 +303,19 @@ def test_stats_gets_the_same_security(tmp_path: Path, secured: tuple[str, Materi
     assert isinstance(creds, SASLCredentials) and creds.password == password
     assert creds.mechanism.value == "SCRAM-SHA-512" and creds.ssl_context is not None
     assert password not in repr(creds)
+
+
+def test_stats_refuses_oauthbearer_in_one_line_before_any_broker(tmp_path: Path) -> None:
+    props = tmp_path / "oauth.properties"
+    props.write_text("security.protocol=SASL_SSL\nsasl.mechanism=OAUTHBEARER\n"
+                     "sasl.oauthbearer.method=oidc\nsasl.oauthbearer.client.id=fleet\n"
+                     "sasl.oauthbearer.client.secret=hush\n"
+                     "sasl.oauthbearer.token.endpoint.url=https://id.example/token\n")
+    proc = cli("stats", "--kafka-config", str(props), "--bootstrap-servers", "127.0.0.1:1",
+               timeout=60)
+    line = one_line_error(proc)
+    assert proc.returncode == EX_CONFIG and "OAUTHBEARER" in line, line
+    assert "hush" not in proc.stdout + proc.stderr
 
 
 def test_a_foreign_flag_is_an_error() -> None:
