@@ -210,6 +210,7 @@ def _secure_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--secure", action="store_true",
         help="the secured broker (its own home and ports, beside the plain one): SASL_SSL with "
-        "SCRAM-SHA-512, a locally made CA, the StandardAuthorizer denying what no ACL allows, "
-        "one super user `admin` whose client properties start writes to admin.properties; "
-        "grant other principals prefixed ACLs with `rollstream acl`")
+        "SCRAM-SHA-512 (SCRAM-SHA-256 and PLAIN too), mutual TLS on a listener of its own, a "
+        "locally made CA, the StandardAuthorizer denying what no ACL allows, one super user "
+        "`admin` whose client properties start writes to admin.properties; grant other "
+        "principals prefixed ACLs with `rollstream acl`")
