@@ -48,7 +48,7 @@ def own_home(folder: Path) -> Iterator[None]:
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(local.HOME_ENV, str(folder))
         patch.setenv(local.HEAP_ENV, os.environ.get(local.HEAP_ENV, "256m"))
-        local.kafka_dir().mkdir(parents=True)
+        local.libs_dir().parent.mkdir(parents=True)
         local.libs_dir().symlink_to(libs, target_is_directory=True)
         yield
 
