@@ -320,6 +320,16 @@ def test_stats_refuses_unsigned_oauthbearer_in_one_line_before_any_broker(
     assert "hush" not in proc.stdout + proc.stderr
 
 
+def test_plain_users_reach_the_broker_config_and_a_bad_one_is_named(tmp_path: Path) -> None:
+    material = secure.material(tmp_path / "tls")
+    material.plain_users.write_text("fleet=pw-1\n")
+    jaas = material.broker_settings()["listener.name.sasl_ssl.plain.sasl.jaas.config"]
+    assert 'user_fleet="pw-1"' in jaas
+    material.plain_users.write_text('fleet=pw-1\nbad"one=x\n')
+    with pytest.raises(ValueError, match=r"users \['bad\"one'\]"):
+        material.broker_settings()
+
+
 def test_a_foreign_flag_is_an_error() -> None:
     proc = cli("stage", "eval", "--tokenizer-path", "x", timeout=60)
     assert proc.returncode == 2 and "--tokenizer-path" in proc.stderr

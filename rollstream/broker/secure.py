@@ -149,7 +149,6 @@ class Material:
         """The SCRAM users the brokers need themselves: they must exist before the first start."""
         return ["--add-scram", f"{MECHANISM}=[name={ADMIN},password={self.admin_password()}]"]
 
-
     def issue_client_certificate(self, name: str, out: Path) -> tuple[Path, Path]:
         """A certificate for principal `User:CN=name`, signed by the broker's CA, in `out`:
         NAME.pem and NAME.key (readable by their owner only)."""

@@ -45,7 +45,7 @@ def _start(args: argparse.Namespace) -> int:
         return _start_cluster(args, t0)
     try:
         bootstrap = local.start(timeout=args.timeout)
-    except local.BrokerError as exc:
+    except (local.BrokerError, ValueError) as exc:  # ValueError: a bad plain-users file
         print(f"error: {exc}", file=sys.stderr)
         return 1
     st = local.status()
@@ -64,7 +64,7 @@ def _start(args: argparse.Namespace) -> int:
 def _start_cluster(args: argparse.Namespace, t0: float) -> int:
     try:
         bootstrap = cluster.start(args.nodes, timeout=args.timeout)
-    except local.BrokerError as exc:
+    except (local.BrokerError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     print(bootstrap)
