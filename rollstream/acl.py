@@ -98,10 +98,12 @@ def describe(b: AclBinding) -> str:
             f"{b.restype.name.lower()} {b.name!r} ({pattern})")
 
 
-def set_password(admin: Any, user: str, password: str, timeout_s: float) -> None:
-    """Create or update `user`'s SCRAM-SHA-512 credential."""
+def set_password(admin: Any, user: str, password: str, timeout_s: float,
+                 mechanism: str = "SCRAM-SHA-512") -> None:
+    """Create or update `user`'s credential for `mechanism` (SCRAM-SHA-512 or -256)."""
     upsert = UserScramCredentialUpsertion(
-        user, ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 8192), password.encode())
+        user, ScramCredentialInfo(ScramMechanism[mechanism.replace("-", "_")], 8192),
+        password.encode())
     for future in admin.alter_user_scram_credentials([upsert],
                                                      request_timeout=timeout_s).values():
         future.result()

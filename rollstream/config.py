@@ -163,12 +163,17 @@ ENV_PREFIX = "ROLLSTREAM_"
 _CLI_FIELDS = [f for f in fields(Settings) if "group" in f.metadata]
 
 # Keys whose values are secrets: never printed (logs, errors, status, the demo screen).
-SECRET_MARKERS = ("password", "secret", "jaas", "oauthbearer.config", "ssl.key.pem",
-                  "ssl_key", "token")
+SECRET_MARKERS = ("password", "passphrase", "secret", "jaas", "oauthbearer.config", "key.pem",
+                  "ssl_key")
+# A token is a secret where the key names the token itself (`bearer.auth.token`), not where it
+# names something about tokens (`sasl.oauthbearer.token.endpoint.url`).
+SECRET_LAST_WORDS = ("token",)
 
 
 def is_secret(key: str) -> bool:
-    return any(marker in key.lower() for marker in SECRET_MARKERS)
+    lowered = key.lower()
+    return (any(marker in lowered for marker in SECRET_MARKERS)
+            or lowered.rsplit(".", 1)[-1] in SECRET_LAST_WORDS)
 
 
 def redacted(properties: dict[str, Any]) -> dict[str, Any]:

@@ -1,5 +1,6 @@
 """The Kafka client properties (librdkafka's names) for the one client that does not take them:
-faust-streaming's aiokafka, which runs `rollstream stats`."""
+faust-streaming's aiokafka, which runs `rollstream stats`. OAUTHBEARER maps where librdkafka
+fetches the tokens itself (`sasl.oauthbearer.method=oidc`, rollstream/oidc.py)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ def ssl_context(props: dict[str, str]) -> ssl.SSLContext:
 
 def faust_credentials(props: dict[str, str]) -> Any:
     """faust's `broker_credentials` for librdkafka-style client properties (None: plaintext)."""
-    from faust.auth import SASLCredentials, SSLCredentials
+    from faust.auth import OAuthCredentials, SASLCredentials, SSLCredentials
 
     protocol = props.get("security.protocol", "plaintext").lower()
     if protocol == "plaintext":
@@ -36,11 +37,16 @@ def faust_credentials(props: dict[str, str]) -> Any:
     if protocol not in ("sasl_plaintext", "sasl_ssl"):
         raise UnsupportedSecurity(f"security.protocol={protocol!r} is not a Kafka protocol")
     mechanism = props.get("sasl.mechanism", props.get("sasl.mechanisms", "GSSAPI")).upper()
+    tls = ssl_context(props) if protocol == "sasl_ssl" else None
+    if mechanism == "OAUTHBEARER" and props.get("sasl.oauthbearer.method", "").lower() == "oidc":
+        from rollstream.oidc import OidcTokenProvider
+
+        return OAuthCredentials(oauth_cb=OidcTokenProvider(props), ssl_context=tls)
     if mechanism not in AIOKAFKA_MECHANISMS:
         raise UnsupportedSecurity(
-            f"`rollstream stats` supports sasl.mechanism {', '.join(AIOKAFKA_MECHANISMS)}; "
-            f"{mechanism} needs a token or Kerberos provider of faust's own")
+            f"`rollstream stats` supports sasl.mechanism {', '.join(AIOKAFKA_MECHANISMS)} and "
+            f"OAUTHBEARER with sasl.oauthbearer.method=oidc, not {mechanism} as given: faust's "
+            "client takes no Kerberos settings nor unsigned tokens (docs/security.md)")
     return SASLCredentials(
         username=props.get("sasl.username"), password=props.get("sasl.password"),
-        mechanism=mechanism,
-        ssl_context=ssl_context(props) if protocol == "sasl_ssl" else None)
+        mechanism=mechanism, ssl_context=tls)

@@ -82,6 +82,22 @@ def test_kafka_client_properties_from_file_and_toml_table(
     assert "secret" not in repr(settings)
 
 
+@pytest.mark.parametrize("key", [
+    "sasl.password", "ssl.key.password", "ssl.keystore.password", "sasl.oauthbearer.client.secret",
+    "sasl.jaas.config", "sasl.oauthbearer.config", "ssl.key.pem",
+    "sasl.oauthbearer.assertion.private.key.passphrase", "bearer.auth.token"])
+def test_secret_keys_are_hidden(key: str) -> None:
+    assert config.redacted({key: "s3cr3t"}) == {key: "[redacted]"}
+
+
+@pytest.mark.parametrize("key", [
+    "sasl.oauthbearer.token.endpoint.url", "sasl.oauthbearer.client.id", "sasl.username",
+    "ssl.key.location", "ssl.certificate.location", "ssl.ca.location", "sasl.mechanism",
+    "sasl.oauthbearer.scope"])
+def test_keys_that_are_no_secret_are_shown(key: str) -> None:
+    assert config.redacted({key: "value"}) == {key: "value"}
+
+
 def test_missing_properties_file_is_named(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="properties file not found"):
         config.load(parse(["--kafka-config", str(tmp_path / "none.properties")]))

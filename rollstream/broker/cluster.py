@@ -20,6 +20,7 @@ import signal
 import subprocess
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -82,13 +83,19 @@ def _new_state(nodes: int) -> dict[str, Any]:
     st = {"cluster_id": cluster_id, "nodes": [
         {"id": i + 1, "port": ordered[2 * i], "controller_port": ordered[2 * i + 1]}
         for i in range(nodes)]}
-    cluster_dir().mkdir(parents=True, exist_ok=True)
-    _state_path().write_text(json.dumps(st, indent=2) + "\n")
+    local.add_listener_ports(st["nodes"])
+    _save(st)
     return st
 
 
-def bootstrap_of(st: dict[str, Any]) -> str:
-    return ",".join(f"{HOST}:{n['port']}" for n in st["nodes"])
+def _save(st: dict[str, Any]) -> None:
+    cluster_dir().mkdir(parents=True, exist_ok=True)
+    _state_path().write_text(json.dumps(st, indent=2) + "\n")
+
+
+def bootstrap_of(st: dict[str, Any], port: str = "port") -> str:
+    """The nodes' addresses on one listener (`port`: the key of its port)."""
+    return ",".join(f"{HOST}:{n[port]}" for n in st["nodes"])
 
 
 def _node(st: dict[str, Any], node: int) -> dict[str, Any]:
@@ -104,7 +111,7 @@ def _write_config(st: dict[str, Any], node: int) -> Path:
         "process.roles=broker,controller",
         f"node.id={node}",
         f"controller.quorum.voters={voters}",
-        *local.listener_lines(me["port"], me["controller_port"]),
+        *local.listener_lines(me),
         f"log.dirs={node_dir(node) / 'data'}",
         *(f"{k}={v}" for k, v in settings.items()),
     ]
@@ -157,7 +164,10 @@ def start(nodes: int = 3, timeout: float = 120) -> str:
     if st is not None and len(st["nodes"]) != nodes:
         raise BrokerError(f"the cluster in {cluster_dir()} has {len(st['nodes'])} nodes; stop it "
                           f"and delete that folder to start one of {nodes}")
-    st = st or _new_state(nodes)
+    if st is None:
+        st = _new_state(nodes)
+    elif local.add_listener_ports(st["nodes"]):
+        _save(st)
     # Formatting is a JVM start per node: done for all first, in parallel.
     for n in st["nodes"]:
         node_dir(n["id"]).mkdir(parents=True, exist_ok=True)
@@ -235,15 +245,16 @@ def kill_node(node: int, sig: int = signal.SIGKILL) -> bool:
 
 
 def stop(timeout: float = 30) -> list[int]:
-    """Stop every running node (SIGTERM, then SIGKILL after timeout); the ids stopped."""
-    stopped = []
-    for node in running_nodes():
-        running = pid(node)
-        if running is not None:
-            local.terminate(running, timeout)
-            _pid_path(node).unlink(missing_ok=True)
-            stopped.append(node)
-    return stopped
+    """Stop every running node (SIGTERM, then SIGKILL after timeout); the ids stopped.
+
+    All nodes at once: stopped one after another, the last one waited for a controller quorum
+    that had left before it until the timeout (3 nodes took 38 s that way, 9 s at once)."""
+    running = {node: p for node in running_nodes() if (p := pid(node)) is not None}
+    with ThreadPoolExecutor(max_workers=max(1, len(running))) as pool:
+        list(pool.map(lambda p: local.terminate(p, timeout), running.values()))
+    for node in running:
+        _pid_path(node).unlink(missing_ok=True)
+    return sorted(running)
 
 
 def partition_leader(bootstrap: str, topic: str, partition: int = 0,

@@ -151,11 +151,13 @@ def admin_conf(bootstrap: str) -> dict[str, Any]:
         else material.admin_conf(bootstrap)
 
 
-def listener_lines(port: int, controller_port: int) -> list[str]:
-    """A node's listeners: plaintext on loopback, or the secured broker's."""
+def listener_lines(node: dict[str, Any]) -> list[str]:
+    """A node's listeners (its ports: port, controller_port, and the secured broker's
+    mtls_port): plaintext on loopback, or the secured broker's."""
     material = security()
     if material is not None:
-        return material.listener_lines(port, controller_port, HOST)
+        return material.listener_lines(node, HOST)
+    port, controller_port = node["port"], node["controller_port"]
     return [
         f"listeners=PLAINTEXT://{HOST}:{port},CONTROLLER://{HOST}:{controller_port}",
         f"advertised.listeners=PLAINTEXT://{HOST}:{port},CONTROLLER://{HOST}:{controller_port}",
@@ -163,6 +165,24 @@ def listener_lines(port: int, controller_port: int) -> list[str]:
         "controller.listener.names=CONTROLLER",
         "inter.broker.listener.name=PLAINTEXT",
     ]
+
+
+def add_listener_ports(nodes: list[dict[str, Any]]) -> bool:
+    """Give every node the ports its listeners need beyond port and controller_port (the
+    secured broker's mutual-TLS one, which a home made before it lacks); True if any was
+    added, so the caller saves them."""
+    if security() is None:
+        return False
+    taken = {v for node in nodes for v in node.values() if isinstance(v, int)}
+    added = False
+    for node in (n for n in nodes if "mtls_port" not in n):
+        port = _free_port()
+        while port in taken:
+            port = _free_port()
+        node["mtls_port"] = port
+        taken.add(port)
+        added = True
+    return added
 
 
 def security_settings() -> dict[str, str]:
@@ -333,31 +353,36 @@ def _state() -> dict[str, Any]:
     """Ports and cluster id; chosen once, because the formatted KRaft log records the controller."""
     path = _state_path()
     if path.is_file():
-        return dict(json.loads(path.read_text()))
-    port = _free_port()
-    controller_port = _free_port()
-    while controller_port == port:
+        state = dict(json.loads(path.read_text()))
+        if not add_listener_ports([state]):
+            return state
+    else:
+        port = _free_port()
         controller_port = _free_port()
-    # A Kafka cluster id is a UUID in URL-safe base64 without padding (22 characters).
-    cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
-    state = {"port": port, "controller_port": controller_port, "cluster_id": cluster_id}
+        while controller_port == port:
+            controller_port = _free_port()
+        # A Kafka cluster id is a UUID in URL-safe base64 without padding (22 characters).
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        state = {"port": port, "controller_port": controller_port, "cluster_id": cluster_id}
+        add_listener_ports([state])
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(state, indent=2) + "\n")
     return state
 
 
-def _bootstrap_of(state: dict[str, Any]) -> str:
-    return f"{HOST}:{state['port']}"
+def _bootstrap_of(state: dict[str, Any], port: str = "port") -> str:
+    """The address of one of the node's listeners (`port`: the key of its port)."""
+    return f"{HOST}:{state[port]}"
 
 
 def _write_config(state: dict[str, Any]) -> Path:
-    port, cport = state["port"], state["controller_port"]
+    cport = state["controller_port"]
     lines = [
         "# Written by rollstream.broker.local at every start; edit BROKER_SETTINGS there instead.",
         "process.roles=broker,controller",
         "node.id=1",
         f"controller.quorum.bootstrap.servers={HOST}:{cport}",
-        *listener_lines(port, cport),
+        *listener_lines(state),
         f"log.dirs={_data_dir()}",
         *(f"{k}={v}" for k, v in {**BROKER_SETTINGS, **security_settings()}.items()),
     ]
@@ -513,7 +538,7 @@ def start(timeout: float = 90) -> str:
             wait_ready(bootstrap, timeout, pid)
             return bootstrap
         _pid_path().unlink(missing_ok=True)
-        for port in (state["port"], state["controller_port"]):
+        for port in (v for k, v in state.items() if k.endswith("port")):
             if not _port_free(port):
                 raise BrokerError(
                     f"port {HOST}:{port} of the bundled broker is taken by another process; free "
@@ -575,6 +600,8 @@ def status() -> dict[str, Any]:
         "running": pid is not None,
         "pid": pid,
         "bootstrap": _bootstrap_of(state) if state else None,
+        "mtls_bootstrap": _bootstrap_of(state, "mtls_port") if state and "mtls_port" in state
+        else None,
         "home": str(home()),
         "log": str(log_path()),
         "kafka_version": kafka_version(),

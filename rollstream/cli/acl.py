@@ -35,8 +35,11 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     p.add_argument("principal", metavar="User:NAME", nargs="?")
     config.add_arguments(p, "kafka", "command")
     p.set_defaults(func=run_list)
-    p = actions.add_parser("user", help="create a SCRAM-SHA-512 user, or change its password")
+    p = actions.add_parser("user", help="create a SCRAM user, or change its password")
     p.add_argument("name")
+    p.add_argument("--mechanism", choices=("SCRAM-SHA-512", "SCRAM-SHA-256"),
+                   default="SCRAM-SHA-512", help="the SCRAM mechanism the credential is for "
+                   "(default SCRAM-SHA-512)")
     p.add_argument("--password-file", type=Path,
                    help="file holding the password (default: read from standard input)")
     config.add_arguments(p, "kafka", "command")
@@ -92,6 +95,6 @@ def run_user(args: argparse.Namespace) -> int:
         print("error: empty password", file=sys.stderr)
         return 2
     admin, settings = _admin(args)
-    acl.set_password(admin, args.name, password, settings.timeout_s)
-    print(f"SCRAM-SHA-512 credential set for User:{args.name}")
+    acl.set_password(admin, args.name, password, settings.timeout_s, args.mechanism)
+    print(f"{args.mechanism} credential set for User:{args.name}")
     return 0

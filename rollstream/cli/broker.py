@@ -8,6 +8,7 @@ import contextlib
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from rollstream.broker import cluster, local
@@ -22,11 +23,20 @@ def _on_chosen_broker(command: Callable[[argparse.Namespace], int]
     return run
 
 
-def _secured_note() -> None:
+def _secured_note(mtls_bootstrap: str | None) -> None:
     material = local.security()
     if material is not None:
         print(f"SASL_SSL ({material.admin_properties.name}: the admin super user's client "
-              f"properties for --kafka-config): {material.admin_properties}", file=sys.stderr)
+              f"properties for --kafka-config): {material.admin_properties}; mutual TLS "
+              f"(`rollstream broker client-cert`) at {mtls_bootstrap}", file=sys.stderr)
+
+
+def _mtls_bootstrap() -> str | None:
+    """The running secured broker's (or cluster's) mutual-TLS addresses."""
+    st = cluster.state()
+    if st is not None and cluster.running_nodes():
+        return cluster.bootstrap_of(st, "mtls_port")
+    return local.status()["mtls_bootstrap"] if local.is_running() else None
 
 
 def _start(args: argparse.Namespace) -> int:
@@ -35,7 +45,7 @@ def _start(args: argparse.Namespace) -> int:
         return _start_cluster(args, t0)
     try:
         bootstrap = local.start(timeout=args.timeout)
-    except local.BrokerError as exc:
+    except (local.BrokerError, ValueError) as exc:  # ValueError: a bad plain-users file
         print(f"error: {exc}", file=sys.stderr)
         return 1
     st = local.status()
@@ -47,14 +57,14 @@ def _start(args: argparse.Namespace) -> int:
         f"ready after {time.monotonic() - t0:.1f} s); log: {st['log']}",
         file=sys.stderr,
     )
-    _secured_note()
+    _secured_note(st["mtls_bootstrap"])
     return 0
 
 
 def _start_cluster(args: argparse.Namespace, t0: float) -> int:
     try:
         bootstrap = cluster.start(args.nodes, timeout=args.timeout)
-    except local.BrokerError as exc:
+    except (local.BrokerError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     print(bootstrap)
@@ -63,7 +73,28 @@ def _start_cluster(args: argparse.Namespace, t0: float) -> int:
         f"(ready after {time.monotonic() - t0:.1f} s); logs: {cluster.cluster_dir()}/node*/",
         file=sys.stderr,
     )
-    _secured_note()
+    _secured_note(_mtls_bootstrap())
+    return 0
+
+
+def _client_cert(args: argparse.Namespace) -> int:
+    with local.secured() as material:
+        bootstrap = _mtls_bootstrap()
+        if bootstrap is None:
+            print("error: the secured broker is not running: `rollstream broker start --secure`",
+                  file=sys.stderr)
+            return 1
+        try:
+            cert, key = material.issue_client_certificate(args.name, args.out)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+    props = args.out / f"{args.name}.properties"
+    props.write_text("".join(f"{k}={v}\n" for k, v in
+                             material.certificate_properties(bootstrap, cert, key).items()))
+    print(props)
+    print(f"principal User:CN={args.name} (grant it with `rollstream acl grant`); certificate "
+          f"{cert}, key {key}", file=sys.stderr)
     return 0
 
 
@@ -156,6 +187,18 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_on_chosen_broker(_status))
 
     p = commands.add_parser(
+        "client-cert",
+        help="a client certificate from the secured broker's CA, for mutual TLS",
+        description="Sign a certificate for principal User:CN=NAME with the secured broker's "
+        "CA and write NAME.pem, NAME.key and NAME.properties (its client properties on the "
+        "mutual-TLS listener) into --out; prints the properties file's path.",
+    )
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("--out", type=Path, default=Path("."),
+                   help="folder for the files (default: the current one)")
+    p.set_defaults(func=_client_cert)
+
+    p = commands.add_parser(
         "fetch",
         help="download the broker's jars with Maven now (start does it when missing)",
     )
@@ -167,6 +210,7 @@ def _secure_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--secure", action="store_true",
         help="the secured broker (its own home and ports, beside the plain one): SASL_SSL with "
-        "SCRAM-SHA-512, a locally made CA, the StandardAuthorizer denying what no ACL allows, "
-        "one super user `admin` whose client properties start writes to admin.properties; "
-        "grant other principals prefixed ACLs with `rollstream acl`")
+        "SCRAM-SHA-512 (SCRAM-SHA-256 and PLAIN too), mutual TLS on a listener of its own, a "
+        "locally made CA, the StandardAuthorizer denying what no ACL allows, one super user "
+        "`admin` whose client properties start writes to admin.properties; grant other "
+        "principals prefixed ACLs with `rollstream acl`")

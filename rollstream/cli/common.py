@@ -29,11 +29,15 @@ NO_BROKER = ("no Kafka broker is configured: name one with --bootstrap-servers H
 
 
 def broker_settings(args: argparse.Namespace) -> Settings:
-    """The command's settings with a broker named: `local` starts the bundled one (a broker is
-    never started unasked: a mistyped variable must not give an empty private one)."""
+    """The command's settings with a broker named (`named_broker`)."""
+    return named_broker(config.load(args))
+
+
+def named_broker(resolved: Settings) -> Settings:
+    """`resolved`, which must name a broker: `local` starts the bundled one (a broker is never
+    started unasked: a mistyped variable must not give an empty private one)."""
     from rollstream.broker import local
 
-    resolved = config.load(args)
     if not resolved.bootstrap_servers:
         raise KafkaProblem(NO_BROKER, EX_CONFIG)
     if resolved.bootstrap_servers == "local":
@@ -44,7 +48,11 @@ def broker_settings(args: argparse.Namespace) -> Settings:
 def settings(args: argparse.Namespace, *topics: str) -> Settings:
     """A one-shot command's settings, once the broker answered within --timeout with these
     credentials (and shows the named topics, suffixes of the prefix's graph)."""
-    resolved = broker_settings(args)
+    return checked(broker_settings(args), *topics)
+
+
+def checked(resolved: Settings, *topics: str) -> Settings:
+    """`resolved` once its broker answered within its timeout (see `settings`)."""
     names = tuple(getattr(resolved.topics, t.replace("-", "_")) for t in topics)
     check_broker(resolved.kafka(), resolved.timeout_s, names)
     return resolved

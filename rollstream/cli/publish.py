@@ -12,15 +12,17 @@ from rollstream.cli import common
 def run_publish(args: argparse.Namespace) -> int:
     from producers.publish import TaskFileError, load_tasks, publish
 
+    # Resolved once: the bounds checked here are those of the settings that reach the broker.
+    resolved = config.load(args)
     try:
-        tasks = load_tasks(args.file, args.format, config.load(args))
+        tasks = load_tasks(args.file, args.format, resolved)
     except (TaskFileError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.dry_run:
         print(f"{len(tasks)} tasks valid in {args.file} (dry run: nothing sent)")
         return 0
-    settings = common.settings(args, "tasks")
+    settings = common.checked(common.named_broker(resolved), "tasks")
     sent = publish(settings, tasks)
     print(f"sent {sent} tasks to {settings.topics.tasks}")
     return 0

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from rollstream import config, metrics
 from rollstream.cli import common
+from rollstream.kafka_errors import EX_CONFIG, KafkaProblem
 
 
 def register_cli(sub: argparse._SubParsersAction) -> None:
@@ -33,6 +34,7 @@ def run(args: argparse.Namespace) -> int:
     from confluent_kafka.admin import AdminClient
 
     from rollstream.analytics import build_app
+    from rollstream.security import UnsupportedSecurity, faust_credentials
 
     try:
         import faust
@@ -40,7 +42,12 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit("rollstream stats needs faust-streaming: pip install "
                          "'rollstream[stats]'") from exc
 
-    settings = common.settings(args, "scored")
+    resolved = config.load(args)
+    try:  # before the broker: a mechanism faust cannot use is no reason to wait for one
+        faust_credentials(resolved.kafka_properties)
+    except UnsupportedSecurity as exc:
+        raise KafkaProblem(str(exc), EX_CONFIG) from None
+    settings = common.checked(common.named_broker(resolved), "scored")
     common.log_to_stderr()
     metrics.serve(settings.metrics_port)  # /health and /ready beside faust's web server
     scored = settings.topics.scored
