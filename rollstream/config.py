@@ -78,6 +78,9 @@ class Settings:
     policy_url_file: str = _setting(
         "", "inference", "file listing more inference endpoints, one per line; re-read while "
         "running, so servers can be added and removed")
+    adapter: str = _setting(
+        "", "inference", "the LoRA adapter of this job on shared inference servers (the model "
+        "name of its requests); empty: the servers' base model")
     request_timeout_s: float = _setting(60.0, "inference", "per inference request timeout")
     server_max_in_flight: int = _setting(
         64, "inference", "requests one RUN process sends one inference server at once; when "
