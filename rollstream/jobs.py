@@ -23,7 +23,7 @@ from rollstream.codec import DecodeError, codec
 from rollstream.config import Settings
 from rollstream.events import JOB, Job, JobState
 from rollstream.follower import Follower
-from rollstream.graph import BY_ATTR, partition_count
+from rollstream.graph import BY_ATTR, GRAPH, Topic, partition_count
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +36,10 @@ NAME = re.compile(r"[A-Za-z0-9._-]+")
 SETTABLE = ("prefix", "principal", "adapter", "policy_urls", "weight", "priority",
             "quota_episodes", "quota_sandboxes", "quota_tasks_queued", "quota_turns_per_s",
             "admission_window", "max_staleness", "group")
+
+# A job's own topics: the graph under its prefix but the jobs topic, which is the cluster's.
+JOB_TOPICS: tuple[Topic, ...] = tuple(t for t in GRAPH if t.attr != "jobs")
+CLUSTER_TOPICS: tuple[Topic, ...] = (BY_ATTR["jobs"],)
 
 
 class JobError(ValueError):
