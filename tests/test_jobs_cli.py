@@ -105,3 +105,14 @@ def test_a_bad_job_file_says_what_is_wrong(settings: Settings, cli, tmp_path: Pa
         cli("apply", str(path))
     with pytest.raises(SystemExit, match="job file not found"):
         cli("apply", str(tmp_path / "missing.json"))
+
+
+def test_status_of_a_job_shows_its_own_pipeline(settings: Settings, cli, capsys) -> None:
+    assert cli("create", "gamma", "--partitions", "2") == 0
+    base = ["--bootstrap-servers", settings.bootstrap_servers, "--prefix", settings.prefix]
+    capsys.readouterr()
+    assert main(["status", "--job", "gamma", "--json", "--interval", "0.1", *base]) == 0
+    snapshot = json.loads(capsys.readouterr().out)
+    assert snapshot["prefix"] == f"{settings.prefix}.gamma"
+    with pytest.raises(SystemExit, match=r"no job 'delta' .*jobs: \['gamma'\]"):
+        main(["status", "--job", "delta", "--json", *base])
