@@ -40,6 +40,11 @@ log = logging.getLogger("rollstream.fleet")
 
 LOOK_S = 0.5  # how often the jobs topic is looked at
 RETRY_S = 5.0  # how long a job whose runtime failed waits before it is started again
+# A job still wants work until its polls have found nothing for this long: a partition paused
+# by the fair share fetches again only once resumed (a fetch round trip, up to the broker's
+# fetch wait under load), so empty polls for a while do not mean its input ran out. A job whose
+# input did run out keeps first claim on free slots that long.
+WANTS_S = 2.0
 
 # Builds a job's stage from its settings and record; the callable is its fair share.
 MakeStage = Callable[[Settings, Job, Callable[[], int]], Stage]
@@ -135,10 +140,16 @@ class Fleet:
 
     def allowance(self, name: str) -> int:
         """How many more episodes job `name` may start now on the shared servers."""
+        recent = time.monotonic() - WANTS_S
         demands = {
             n: Demand(weight=s.job["weight"], in_flight=s.runtime.in_flight,
-                      wants=not s.runtime.loop.idle, quota=s.job["quota_episodes"],
+                      wants=_wants(s.runtime.loop.empty_since, recent),
+                      quota=s.job["quota_episodes"],
                       priority=s.job["priority"])
             for n, s in self.served.items() if not s.job["policy_urls"]
         }
         return allowances(self.slots(), demands).get(name, 0)
+
+
+def _wants(empty_since: float | None, recent: float) -> bool:
+    return empty_since is None or empty_since > recent
