@@ -4,6 +4,7 @@ fleet; start more processes to scale it, as with `rollstream stage`)."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 
 from rollstream import config
 from rollstream.cli import common
@@ -47,7 +48,7 @@ def run_fleet(args: argparse.Namespace) -> int:
                     timeout_s=settings.request_timeout_s,
                     health_interval_s=settings.health_interval_s)
 
-    def make_stage(job_settings: config.Settings, job: Job, share) -> Stage:
+    def make_stage(job_settings: config.Settings, job: Job, share: Callable[[], int]) -> Stage:
         if args.name == "init":
             return InitStage(job_settings)
         if args.name == "eval":
