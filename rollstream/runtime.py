@@ -155,11 +155,8 @@ class StageRuntime:
     def in_flight(self) -> int:
         return len(self._tasks)
 
-    def stop(self, drain_timeout_s: float | None = None) -> None:
-        """Stop taking events; in-flight ones get the drain timeout (or `drain_timeout_s`)."""
+    def stop(self) -> None:
         self.loop.health.not_ready("stopping")
-        if drain_timeout_s is not None and not self.stopping.asked:
-            self.stopping.drain_timeout_s = drain_timeout_s
         self.stopping.ask()
 
     async def serve(self) -> None:

@@ -108,7 +108,9 @@ def test_a_bad_job_file_says_what_is_wrong(settings: Settings, cli, tmp_path: Pa
 
 
 def test_status_of_a_job_shows_its_own_pipeline(settings: Settings, cli, capsys) -> None:
-    assert cli("create", "gamma", "--partitions", "2") == 0
+    assert cli("create", "gamma", "--partitions", "2", "--principal", "User:gamma") == 0
+    assert (f"rollstream acl grant User:gamma --role trainer --prefix {settings.prefix}.gamma"
+            in capsys.readouterr().out)
     base = ["--bootstrap-servers", settings.bootstrap_servers, "--prefix", settings.prefix]
     capsys.readouterr()
     assert main(["status", "--job", "gamma", "--json", "--interval", "0.1", *base]) == 0

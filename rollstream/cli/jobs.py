@@ -95,6 +95,9 @@ def _create(args: argparse.Namespace) -> int:
     _create_job_topics(settings, job)
     jobs.put(settings, job)
     print(f"created job {job['name']} (prefix {job['prefix']}, weight {job['weight']:g})")
+    if job["principal"]:
+        print(f"grant its principal the prefix: rollstream acl grant {job['principal']} "
+              f"--role trainer --prefix {job['prefix']} (and --role publisher to publish)")
     return 0
 
 
