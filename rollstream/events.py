@@ -19,12 +19,14 @@ TRAJECTORY = "Trajectory"
 SCORED_TRAJECTORY = "ScoredTrajectory"
 POLICY_VERSION = "PolicyVersion"
 DEAD_LETTER = "DeadLetter"
+JOB = "Job"
 
 Termination = Literal[
     "RUNNING", "DONE", "MAX_TURNS", "TRUNCATED", "AGENT_ERROR", "ENV_ERROR", "INFRA_ERROR"
 ]
 FailureClass = Literal["ok", "agent", "env", "infra", "truncated"]
 WeightsKind = Literal["full", "lora"]
+JobState = Literal["RUNNING", "PAUSED", "DRAINING", "CANCELLED", "FINISHED"]
 
 
 class SamplingParams(TypedDict):
@@ -110,3 +112,23 @@ class DeadLetter(TypedDict):
     value: bytes | None
     failed_at_ms: int
     truncated_from: int | None
+
+
+class Job(TypedDict):
+    name: str
+    prefix: str
+    principal: str
+    adapter: str
+    policy_urls: list[str]
+    weight: float
+    priority: int
+    quota_episodes: int
+    quota_sandboxes: int
+    quota_tasks_queued: int
+    quota_turns_per_s: float
+    admission_window: int
+    max_staleness: int
+    state: JobState
+    group: str | None
+    created_at_ms: int
+    updated_at_ms: int

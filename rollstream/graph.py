@@ -30,6 +30,8 @@ STAGES = (INIT, RUN, EVAL)
 # Writers that are not consumer groups; `redrive` (`rollstream dlq redrive`) sends dead letters
 # back to the topic they came from (and records them on <p>.dlq-redriven).
 PRODUCERS, TRAINER, REDRIVE = "producers", "trainer", "redrive"
+# `rollstream jobs` writes the jobs topic; a shared fleet (`rollstream fleet`) follows it.
+JOBS, FLEET = "jobs", "fleet"
 
 
 @dataclass(frozen=True)
@@ -151,6 +153,16 @@ GRAPH: tuple[Topic, ...] = (
         partitions=1,
     ),
     Topic(
+        "jobs", "jobs", events.JOB, "job name",
+        "the training jobs a shared fleet serves, keyed by job name; compacted to each job's "
+        "latest record (a tombstone deletes the job). Read under the cluster's prefix",
+        writers=(JOBS,), followers=(FLEET, JOBS, TRAINER, "status"),
+        # Kept forever and compacted: the current set of jobs is the topic read to its end.
+        config=_config(retention_ms=-1, compression="lz4", max_bytes=1 * MIB,
+                       **{"cleanup.policy": "compact", "min.cleanable.dirty.ratio": "0.1"}),
+        partitions=1,  # one partition: every reader sees the jobs' changes in one order
+    ),
+    Topic(
         "stats", "stats", "", "`summary`",
         "`rollstream stats`'s latest summary (all-time, 10 s and 1 min windows), for dashboards",
         writers=(STATS,), values="JSON summary",
@@ -227,6 +239,10 @@ class Topics:
     @cached_property
     def dlq_redriven(self) -> str:
         return self._name("dlq_redriven")
+
+    @cached_property
+    def jobs(self) -> str:
+        return self._name("jobs")
 
     @cached_property
     def stats(self) -> str:

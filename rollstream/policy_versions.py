@@ -14,12 +14,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from confluent_kafka import OFFSET_BEGINNING, KafkaError, Message, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Message, TopicPartition
 
 from rollstream import kafka
 from rollstream.codec import DecodeError, codec
 from rollstream.config import Settings
 from rollstream.events import POLICY_VERSION, PolicyVersion
+from rollstream.follower import Follower
 from rollstream.graph import BY_ATTR, partition_count
 
 log = logging.getLogger(__name__)
@@ -65,25 +66,18 @@ class PolicyReader:
 
     def __init__(self, settings: Settings) -> None:
         self.latest: PolicyVersion | None = None
-        start = partitions(settings)
-        self._not_at_end = {tp.partition for tp in start}
-        self._consumer = kafka.reader(settings, start, **{"enable.partition.eof": True})
+        self._follower = Follower(settings, partitions(settings))
 
     @property
     def at_end(self) -> bool:
-        return not self._not_at_end
+        return self._follower.at_end
 
     def poll(self, timeout_s: float = 0.0) -> list[PolicyVersion]:
         """The versions newer than any seen before, in order (empty when none arrived)."""
-        messages = self._consumer.consume(100, timeout=timeout_s)
-        for msg in messages:
-            error = msg.error()
-            if error is not None and error.code() == KafkaError._PARTITION_EOF:
-                self._not_at_end.discard(msg.partition())
-        found = newer(messages, self.latest)
+        found = newer(self._follower.poll(timeout_s), self.latest)
         if found:
             self.latest = found[-1]
         return found
 
     def close(self) -> None:
-        self._consumer.close()
+        self._follower.close()

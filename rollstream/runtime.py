@@ -19,7 +19,10 @@ from the shared consume loop (rollstream/consume/) and produces its outputs ther
   producer; either way the runtime rewinds to the committed offsets and redoes what was not
   committed. A consumer that hits a fatal error is rebuilt and rejoins
   (rollstream/consume/loop.py);
-- SIGTERM/SIGINT: a graceful stop, bounded (rollstream/consume/stopping.py).
+- SIGTERM/SIGINT: a graceful stop, bounded (rollstream/consume/stopping.py);
+- several runtimes may share one process and one event loop (`shared=True`: a fleet serving
+  many jobs, rollstream/fleet.py): the owner of the loop then handles the signals, and an idle
+  runtime waits by yielding to the loop instead of in a blocking poll.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ log = logging.getLogger("rollstream.runtime")
 
 MAX_BATCH = 500  # events taken from the consumer per loop iteration
 REPORT_S = 10.0  # how often the stage's counts are logged
+IDLE_S = 0.05  # how long an idle runtime waits for input (blocking alone, yielding when shared)
 
 
 @dataclass(slots=True)
@@ -111,14 +115,19 @@ class Stage(ABC):
 class StageRuntime:
     """Runs a stage on the consume loop: dispatch (sync or async), restores, drain."""
 
-    def __init__(self, stage: Stage, settings: Settings, drain_timeout_s: float = 30.0) -> None:
+    def __init__(self, stage: Stage, settings: Settings, drain_timeout_s: float = 30.0, *,
+                 shared: bool = False, label: str = "") -> None:
+        """`shared`: one of several runtimes on one event loop (see the module's docstring);
+        `label` names it in /ready beside the stage (e.g. the job it serves)."""
         self.stage = stage
         self.settings = settings
+        self.shared = shared
         self.topic = stage.input_topic()
         self.group = settings.topics.group(stage.name)
         self.stopping = Stopping(drain_timeout_s)
         self.loop = ConsumeLoop(settings, self.topic, self.group, stage.name, self,
-                                restores=True, health_name=f"stage {stage.name}",
+                                restores=True,
+                                health_name=" ".join(filter(None, ("stage", stage.name, label))),
                                 deadline=self.stopping.deadline)
         self.checkpoint = self.loop.checkpoint
         self.stats = self.loop.stats
@@ -138,14 +147,19 @@ class StageRuntime:
     # -- lifecycle ---------------------------------------------------------------------------
 
     def run(self) -> None:
+        """Serve in a loop of its own, stopping on SIGTERM/SIGINT."""
+        self.stopping.on_signals()
         asyncio.run(self.serve())
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._tasks)
 
     def stop(self) -> None:
         self.loop.health.not_ready("stopping")
         self.stopping.ask()
 
     async def serve(self) -> None:
-        self.stopping.on_signals()
         await self.stage.start()
         try:
             self.loop.open()
@@ -169,11 +183,11 @@ class StageRuntime:
         log.info("stage %s stopped: %s", self.stage.name, dict(self.stats))
 
     async def _step(self) -> None:
-        self._poll()
+        took = self._poll()
         if self.loop.recover():
             return
         self.restores.start(self.loop.take_assigned())
-        await self._wait()
+        await self._wait(took)
         self.loop.restored(self.restores.done())
         self._reap()
         if self.clock.due(self.loop.idle):
@@ -208,7 +222,8 @@ class StageRuntime:
 
     # -- dispatch ----------------------------------------------------------------------------
 
-    def _poll(self) -> None:
+    def _poll(self) -> bool:
+        """Take what input there is room for; whether any came."""
         # Async work is bounded by max_in_flight; a sync handler finishes each event at once,
         # so its batch is only bounded by what one loop iteration should take.
         free = (self.settings.max_in_flight - len(self._tasks)) if self._async else MAX_BATCH
@@ -219,16 +234,19 @@ class StageRuntime:
         self.metrics.in_flight(len(self._tasks))
         if free <= 0:
             self.loop.keep_alive()
-            return
-        # Block only when nothing is in flight (in-flight work needs the loop).
-        msgs = self.loop.poll(min(free, MAX_BATCH), 0.05 if not self._tasks else 0)
+            return False
+        # Block only when nothing is in flight (in-flight work needs the loop), and never on a
+        # shared loop (the other runtimes need it).
+        block = IDLE_S if not self._tasks and not self.shared else 0
+        msgs = self.loop.poll(min(free, MAX_BATCH), block)
         if not msgs:
-            return
+            return False
         if not self._async:
             self._run_sync(msgs)
-            return
+            return True
         for msg in msgs:
             self._dispatch(msg)
+        return True
 
     def _run_sync(self, msgs: list[Message]) -> None:
         """Sync stages: each event is handled and its outputs produced at once (the hot path)."""
@@ -257,11 +275,12 @@ class StageRuntime:
         self.metrics.consumed(handled)
         self.metrics.finished_batch(msgs)
 
-    async def _wait(self) -> None:
+    async def _wait(self, took: bool) -> None:
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=0.01, return_when=asyncio.FIRST_COMPLETED)
         else:
-            await asyncio.sleep(0)
+            # On a shared loop an idle runtime waits here, where the others run meanwhile.
+            await asyncio.sleep(IDLE_S if self.shared and not took else 0)
 
     def _accept(self, msg: Message) -> PartitionProgress | None:
         """The progress of the event's partition, or None when there is nothing to handle: a

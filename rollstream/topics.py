@@ -50,8 +50,10 @@ def create_topics(
     partitions: int = 8,
     replication_factor: int = 1,
     timeout: float = 60,
+    specs: tuple[Topic, ...] = TOPIC_SPECS,
 ) -> list[str]:
-    """Create the topic graph under prefix; topics that exist already are left as they are.
+    """Create the topic graph under prefix (`specs`: those of its topics only); topics that
+    exist already are left as they are.
 
     Returns the names created. Raises RuntimeError if episodes and episode-state end up with
     different partition counts (RUN reads them co-partitioned).
@@ -69,7 +71,7 @@ def create_topics(
             # Replicated: a write waits for two copies, so one broker can die losing nothing.
             config={**spec.config, "min.insync.replicas": "2" if replication_factor >= 3 else "1"},
         )
-        for spec in TOPIC_SPECS
+        for spec in specs
     ]
     futures = admin.create_topics(new, operation_timeout=timeout, request_timeout=timeout)
     created: list[str] = []
@@ -85,7 +87,7 @@ def create_topics(
                 raise
         else:
             created.append(name)
-    meta = _wait_visible(kafka, admin, [spec.name(topics) for spec in TOPIC_SPECS], timeout)
+    meta = _wait_visible(kafka, admin, [spec.name(topics) for spec in specs], timeout)
     _check_copartitioned(meta, topics)
     return sorted(created)
 

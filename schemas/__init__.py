@@ -20,7 +20,8 @@ from typing import Any
 
 NAMESPACE = "rollstream"
 # Records written to topics on their own; SamplingParams and Turn only ever inside them.
-TOP_LEVEL = ("Task", "Episode", "Trajectory", "ScoredTrajectory", "PolicyVersion", "DeadLetter")
+TOP_LEVEL = ("Task", "Episode", "Trajectory", "ScoredTrajectory", "PolicyVersion", "DeadLetter",
+             "Job")
 
 # Order matters: a schema may only name types defined before it.
 SCHEMA_FILES = {
@@ -32,6 +33,7 @@ SCHEMA_FILES = {
     "ScoredTrajectory": "scored_trajectory.avsc",
     "PolicyVersion": "policy_version.avsc",
     "DeadLetter": "dead_letter.avsc",
+    "Job": "job.avsc",
 }
 
 

@@ -74,10 +74,17 @@ class RunStage(Stage):
     name = "run"
     input_record = EPISODE
 
-    def __init__(self, settings: Settings, template: ChatTemplate | None = None) -> None:
+    def __init__(self, settings: Settings, template: ChatTemplate | None = None,
+                 router: Router | None = None, share: Callable[[], int] | None = None) -> None:
+        """`router`: inference servers shared with other RUN stages in this process (a fleet's
+        jobs; the caller starts and closes it), else this stage's own from its settings;
+        `share`: how many more episodes this stage may start now (a fleet's fair share of the
+        shared servers, rollstream.fairshare), else what room the servers have."""
         super().__init__(settings)
         self.template: ChatTemplate = template or self._template(settings)
-        self.router: Router | None = None
+        self.router = router
+        self._own_router = router is None
+        self.share = share
         # Checkpoints of unfinished episodes, by input partition, then episode id.
         self.checkpoints: dict[int, dict[str, dict]] = {}
         self.turns: Turns | None = None
@@ -107,24 +114,28 @@ class RunStage(Stage):
         return self.topics.episodes
 
     async def start(self) -> None:
-        self.router = Router(self.settings.policy_urls,
-                             max_episodes=self.settings.server_max_in_flight,
-                             timeout_s=self.settings.request_timeout_s,
-                             health_interval_s=self.settings.health_interval_s,
-                             adapter=self.settings.adapter)
-        await self.router.start()
+        if self._own_router:
+            self.router = Router(self.settings.policy_urls,
+                                 max_episodes=self.settings.server_max_in_flight,
+                                 timeout_s=self.settings.request_timeout_s,
+                                 health_interval_s=self.settings.health_interval_s,
+                                 adapter=self.settings.adapter)
+            await self.router.start()
+        assert self.router is not None
         self.turns = Turns(self.router, self.template, self.checkpoint)
         self.gateway = Gateway(self.turns, port=self.settings.gateway_port)
         self.players = {"steps": self._play, "harness": self.gateway.play}
 
     async def close(self) -> None:
-        if self.router is not None:
+        if self._own_router and self.router is not None:
             await self.router.close()
         if self.gateway is not None:
             await self.gateway.close()
 
     def capacity(self) -> int | None:
-        return self.router.capacity() if self.router is not None else 0
+        if self.router is None:
+            return 0
+        return self.router.capacity() if self.share is None else self.share()
 
     # -- checkpoints -------------------------------------------------------------------------
 

@@ -12,8 +12,9 @@ from collections.abc import Callable, Coroutine
 from dataclasses import replace
 from typing import Any
 
-from rollstream import config, health, metrics
+from rollstream import config, health, jobs, metrics
 from rollstream.config import Settings
+from rollstream.events import Job
 from rollstream.kafka_errors import (
     EX_CONFIG,
     EX_NOPERM,
@@ -56,6 +57,24 @@ def checked(resolved: Settings, *topics: str) -> Settings:
     names = tuple(getattr(resolved.topics, t.replace("-", "_")) for t in topics)
     check_broker(resolved.kafka(), resolved.timeout_s, names)
     return resolved
+
+
+def add_job_argument(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument("--job", metavar="NAME", default=None,
+                        help=f"{what} of this job (`rollstream jobs`): its prefix comes from "
+                             "the cluster's jobs topic, --prefix being the cluster's")
+
+
+def for_job(settings: Settings, name: str | None) -> tuple[Settings, Job | None]:
+    """The settings under job `name`'s prefix, with the job (`settings` as they are when no
+    job is named); a job that is not there ends the command saying which jobs are."""
+    if name is None:
+        return settings, None
+    try:
+        job = jobs.get(settings, name)
+    except jobs.JobError as exc:
+        raise SystemExit(f"rollstream: {exc}") from None
+    return jobs.job_settings(settings, job), job
 
 
 def log_to_stderr() -> None:

@@ -27,12 +27,13 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
                         help="seconds between looks (the events/s window)")
     parser.add_argument("--metrics-url", action="append", default=[],
                         help="a process's /metrics URL, for in-flight counts (repeatable)")
+    common.add_job_argument(parser, "show the pipeline")
     config.add_arguments(parser, "kafka", "command", "service", "inference")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    settings = common.settings(args)
+    settings, _ = common.for_job(common.settings(args), args.job)
     # Only a watching status runs long enough to serve metrics and probes (its port logged).
     if args.watch:
         common.log_to_stderr()

@@ -25,7 +25,8 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
                             "present; needs the `hf` extra) instead of the embedded policy")
     train.add_argument("--groups-per-batch", type=int, default=4)
     train.add_argument("--max-staleness", type=int, default=None,
-                       help="drop samples more than this many versions behind (default: keep)")
+                       help="drop samples more than this many versions behind (default: the "
+                            "job's max_staleness with --job, else keep)")
     train.add_argument("--dr-grpo", action="store_true",
                        help="advantages without std normalization (Dr. GRPO)")
     train.add_argument("--group-timeout", type=float, default=300.0,
@@ -39,6 +40,7 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     train.add_argument("--max-steps", type=int, default=None)
     train.add_argument("--idle-timeout", type=float, default=None,
                        help="stop after this many seconds without new events")
+    common.add_job_argument(train, "train on the scored trajectories and publish the policy")
     config.add_arguments(train, "kafka", "service")
     train.set_defaults(func=run_train)
 
@@ -56,9 +58,12 @@ def run_train(args: argparse.Namespace) -> int:
         # The embedded policy's ops are too small to gain from more threads, and threads that
         # meet at every op crawl on a busy machine (a step: 6 s on one, 11-65 s on two, load 20).
         torch.set_num_threads(1)
-    settings = common.start_service(args)
+    settings, job = common.for_job(common.start_service(args), args.job)
+    max_staleness = args.max_staleness
+    if max_staleness is None and job is not None and job["max_staleness"]:
+        max_staleness = job["max_staleness"]
     health.component("bridge", "loading the model")  # the bridge takes it over once it joins
-    policy = GroupPolicy(normalize_std=not args.dr_grpo, max_staleness=args.max_staleness,
+    policy = GroupPolicy(normalize_std=not args.dr_grpo, max_staleness=max_staleness,
                          group_timeout_s=args.group_timeout, incomplete=args.incomplete,
                          drop_zero_variance=not args.keep_zero_variance)
     train(settings, args.checkpoint_dir, groups_per_batch=args.groups_per_batch,

@@ -74,6 +74,8 @@ class ConsumeLoop:
         # /ready: ready once the group gave this process its share of partitions.
         self.health = health.component(health_name or name, "joining group " + group)
         self.idle = True  # the last poll found no more input waiting
+        # Since when polls have found nothing at all (monotonic; None: the last one found input).
+        self.empty_since: float | None = 0.0
         self._fences = FenceCounter(f"consumer of group {group}")
         self._failed: KafkaError | None = None  # the consumer cannot go on: rebuild it
         self._rewind: str | None = None  # why what is not committed must be redone
@@ -109,7 +111,10 @@ class ConsumeLoop:
         first = self.consumer.poll(timeout_s)
         if first is None:
             self.idle = True
+            if self.empty_since is None:
+                self.empty_since = time.monotonic()
             return []
+        self.empty_since = None
         msgs = [first, *self.consumer.consume(limit - 1, timeout=0)] if limit > 1 else [first]
         self.idle = len(msgs) < limit
         events = []

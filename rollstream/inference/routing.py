@@ -155,6 +155,10 @@ class Router:
         return sum(max(0, self.max_episodes - s.episodes)
                    for s in self.servers.values() if s.usable)
 
+    def slots(self) -> int:
+        """How many episodes the usable servers take at once, at their caps."""
+        return self.max_episodes * sum(1 for s in self.servers.values() if s.usable)
+
     def pin(self, episode_id: str, prefer: str | None = None) -> Server | None:
         """The episode's server: its current one while usable, else `prefer` (where a resumed
         episode ran before) if usable, else the least loaded one with room (None: none now)."""

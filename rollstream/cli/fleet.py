@@ -1,0 +1,76 @@
+"""`rollstream fleet init|run|eval`: one stage of every RUNNING job, in one process (the shared
+fleet; start more processes to scale it, as with `rollstream stage`)."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+from rollstream import config
+from rollstream.cli import common
+from rollstream.cli.stage import STAGES
+
+
+def register_cli(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "fleet", help="one stage of every running job, in one process",
+        description="Follow the cluster's jobs (<prefix>.jobs, `rollstream jobs`) and run one "
+                    "stage for every RUNNING job, each under its job's prefix as its own "
+                    "consumer group: a job created or resumed is picked up without a restart, "
+                    "one paused or cancelled is drained and stopped. RUN's jobs share the "
+                    "fleet's inference servers by weight (fair share). See docs/jobs.md.")
+    names = parser.add_subparsers(dest="name", metavar="STAGE", required=True)
+    for name, (what, groups) in STAGES.items():
+        stage = names.add_parser(name, help=f"{what}, for every running job",
+                                 description=f"The {name.upper()} stage of every running job: "
+                                             f"{what}. --prefix is the cluster's.")
+        stage.add_argument("--drain-timeout", type=float, default=30.0,
+                           help="seconds to let a stopping job's in-flight events finish")
+        stage.add_argument("--fleet", default=None, metavar="NAME",
+                           help="serve the jobs that name this dedicated fleet as their group "
+                                "(default: the jobs that name none)")
+        config.add_arguments(stage, "kafka", "stage", "service", *groups)
+        stage.set_defaults(func=run_fleet)
+
+
+def run_fleet(args: argparse.Namespace) -> int:
+    # Here, not at start-up: RUN pulls in aiohttp and the chat templates.
+    from rollstream.events import Job
+    from rollstream.fleet import Fleet
+    from rollstream.inference.routing import Router
+    from rollstream.runtime import Stage
+    from stages.eval import EvalStage
+    from stages.init import InitStage
+    from stages.run import RunStage
+
+    settings = common.start_service(args)
+    router = Router(settings.policy_urls, max_episodes=settings.server_max_in_flight,
+                    timeout_s=settings.request_timeout_s,
+                    health_interval_s=settings.health_interval_s)
+
+    def make_stage(job_settings: config.Settings, job: Job, share: Callable[[], int]) -> Stage:
+        if args.name == "init":
+            return InitStage(job_settings)
+        if args.name == "eval":
+            return EvalStage(job_settings)
+        if job["policy_urls"]:  # servers of its own: its own router, their room
+            return RunStage(job_settings)
+        if job["adapter"]:
+            # Its adapter on the shared servers: a router that names only that adapter (and
+            # counts a server without it as unusable), within the fair share of their slots.
+            return RunStage(job_settings, share=share)
+        return RunStage(job_settings, router=router, share=share)
+
+    fleet = Fleet(settings, make_stage, fleet=args.fleet, drain_timeout_s=args.drain_timeout,
+                  slots=router.slots)
+
+    async def serve() -> None:
+        if args.name == "run":
+            await router.start()
+        try:
+            await fleet.serve()
+        finally:
+            await router.close()
+
+    fleet.stopping.on_signals()
+    return common.run_async(serve())

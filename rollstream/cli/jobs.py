@@ -1,0 +1,223 @@
+"""`rollstream jobs create|apply|list|show|pause|resume|cancel|delete`: the training jobs a
+shared fleet serves, as records on the cluster's compacted jobs topic (rollstream.jobs)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from rollstream import config, jobs
+from rollstream.cli import common
+from rollstream.config import Settings
+from rollstream.events import Job
+from rollstream.topics import create_topics
+
+# The job fields `create` takes as flags: name -> (type, help).
+FIELD_FLAGS: dict[str, tuple[type, str]] = {
+    "prefix": (str, "the job's topic prefix (default: <cluster prefix>.<name>)"),
+    "principal": (str, "the Kafka principal that gets the prefix's ACLs (`rollstream acl`)"),
+    "adapter": (str, "the job's LoRA adapter on the shared inference servers"),
+    "policy_urls": (str, "the job's own inference servers, comma separated (instead of an "
+                         "adapter on the shared ones)"),
+    "weight": (float, "share of the fleet's inference slots when saturated (default 1)"),
+    "priority": (int, "higher takes free slots first; never preempts (default 0)"),
+    "quota_episodes": (int, "episodes in flight in RUN at most (default 0: none)"),
+    "quota_sandboxes": (int, "sandboxes at once at most (default 0: none)"),
+    "quota_tasks_queued": (int, "tasks admitted beyond what the trainer consumed (0: none)"),
+    "quota_turns_per_s": (float, "agent turns per second at most (default 0: none)"),
+    "admission_window": (int, "INIT admits at most this many tasks beyond what the trainer "
+                              "consumed (default 0: no limit)"),
+    "max_staleness": (int, "policy versions a trained-on sample may lag (0: trainer default)"),
+    "group": (str, "a dedicated fleet's name (`rollstream fleet --fleet NAME`); default: the "
+                   "shared fleet"),
+}
+# State changes: command -> (new state, states it may come from, what it does).
+TRANSITIONS: dict[str, tuple[str, tuple[str, ...], str]] = {
+    "pause": ("PAUSED", ("RUNNING",),
+              "stop serving the job: its stages drain and stop; nothing is dropped"),
+    "resume": ("RUNNING", ("PAUSED",), "serve a paused job again, from where it stopped"),
+    "cancel": ("CANCELLED", ("RUNNING", "PAUSED", "DRAINING"),
+               "stop the job for good: its stages stop, its sandboxes close"),
+}
+
+
+def _dest(field: str) -> str:
+    """A job field's flag destination (`--prefix` is the cluster's: the job's is another)."""
+    return "job_prefix" if field == "prefix" else field
+
+
+def _fields_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    fields = {k: getattr(args, _dest(k)) for k in FIELD_FLAGS
+              if getattr(args, _dest(k)) is not None}
+    if "policy_urls" in fields:
+        fields["policy_urls"] = [u.strip() for u in fields["policy_urls"].split(",") if u.strip()]
+    return fields
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    """A job file: TOML (`*.toml`) or JSON, one job's fields with its `name`."""
+    if not path.is_file():
+        raise jobs.JobError(f"job file not found: {path}")
+    try:
+        data = (tomllib.loads(path.read_text()) if path.suffix == ".toml"
+                else json.loads(path.read_text()))
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
+        raise jobs.JobError(f"{path}: not valid {'TOML' if path.suffix == '.toml' else 'JSON'}"
+                            f": {exc}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("name"), str):
+        raise jobs.JobError(f"{path}: a job file holds one job's fields, `name` among them")
+    return data
+
+
+def _create_job_topics(settings: Settings, job: Job) -> None:
+    created = create_topics(settings.kafka(), job["prefix"], settings.partitions,
+                            timeout=settings.timeout_s, specs=jobs.JOB_TOPICS)
+    print(f"topics under {job['prefix']}: {len(created)} created, "
+          f"{len(jobs.JOB_TOPICS) - len(created)} already there")
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    """The command's settings, with the cluster's jobs topic there (created when missing)."""
+    settings = common.settings(args)
+    create_topics(settings.kafka(), settings.prefix, timeout=settings.timeout_s,
+                  specs=jobs.CLUSTER_TOPICS)
+    return settings
+
+
+def _create(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    job = jobs.new_job(args.job, settings.prefix, **_fields_from_args(args))
+    if args.job in jobs.current(settings):
+        raise jobs.JobError(f"job {args.job!r} exists; change it with `rollstream jobs apply`")
+    _create_job_topics(settings, job)
+    jobs.put(settings, job)
+    print(f"created job {job['name']} (prefix {job['prefix']}, weight {job['weight']:g})")
+    if job["principal"]:
+        print(f"grant its principal the prefix: rollstream acl grant {job['principal']} "
+              f"--role trainer --prefix {job['prefix']} (and --role publisher to publish)")
+    return 0
+
+
+def _apply(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    data = _read_file(args.file)
+    name = data.pop("name")
+    state = data.pop("state", None)
+    old = jobs.current(settings).get(name)
+    job = jobs.new_job(name, settings.prefix, **data)
+    if old is not None:
+        if old["prefix"] != job["prefix"]:
+            raise jobs.JobError(f"job {name!r} has prefix {old['prefix']!r}; a job's prefix "
+                                "cannot change (delete it and create a new one)")
+        job["created_at_ms"] = old["created_at_ms"]
+        job["state"] = old["state"]
+    if state is not None:
+        job["state"] = state
+    jobs.validate(job, settings.prefix)
+    if old is None:
+        _create_job_topics(settings, job)
+    jobs.put(settings, job)
+    print(f"{'updated' if old else 'created'} job {name} (state {job['state']})")
+    return 0
+
+
+def _list(args: argparse.Namespace) -> int:
+    found = jobs.current(_settings(args))
+    if not found:
+        print("no jobs; create one with `rollstream jobs create NAME`")
+        return 0
+    rows = [("NAME", "STATE", "PREFIX", "WEIGHT", "PRIORITY", "POLICY", "FLEET")]
+    for job in found.values():
+        policy = job["adapter"] or ",".join(job["policy_urls"]) or "(base model)"
+        rows.append((job["name"], job["state"], job["prefix"], f"{job['weight']:g}",
+                     str(job["priority"]), policy, job["group"] or "(shared)"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    return 0
+
+
+def _show(args: argparse.Namespace) -> int:
+    print(json.dumps(jobs.get(_settings(args), args.job), indent=2))
+    return 0
+
+
+def _transition(args: argparse.Namespace) -> int:
+    state, sources, _ = TRANSITIONS[args.jobs_command]
+    settings = _settings(args)
+    job = jobs.get(settings, args.job)
+    if job["state"] not in sources:
+        raise jobs.JobError(f"job {args.job!r} is {job['state']}; `{args.jobs_command}` takes "
+                            f"a job that is {' or '.join(sources)}")
+    jobs.put(settings, {**job, "state": state, "updated_at_ms": jobs.now_ms()})  # type: ignore[typeddict-item]
+    print(f"job {args.job}: {job['state']} -> {state}")
+    return 0
+
+
+def _delete(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    job = jobs.get(settings, args.job)
+    if job["state"] == "RUNNING":
+        raise jobs.JobError(f"job {args.job!r} is RUNNING; cancel it first (`rollstream jobs "
+                            "cancel`) so that its stages stop before its record goes")
+    jobs.put(settings, None, name=args.job)
+    print(f"deleted job {args.job} (its topics under {job['prefix']} are kept)")
+    return 0
+
+
+def _checked(func: Any) -> Any:
+    """A bad job or file ends the command with its reason, not a traceback."""
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return int(func(args))
+        except jobs.JobError as exc:
+            raise SystemExit(f"rollstream jobs: {exc}") from None
+    return run
+
+
+def register_cli(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "jobs", help="training jobs served by the shared fleet",
+        description="Jobs are records on the cluster's compacted <prefix>.jobs topic (--prefix "
+                    "is the cluster's); a shared fleet (`rollstream fleet`) serves every "
+                    "RUNNING job under the job's own prefix. See docs/jobs.md.")
+    commands = parser.add_subparsers(dest="jobs_command", metavar="ACTION", required=True)
+
+    def command(name: str, func: Any, help: str, description: str = "",
+                takes_name: bool = True, groups: tuple[str, ...] = ()
+                ) -> argparse.ArgumentParser:
+        p = commands.add_parser(name, help=help, description=description or help)
+        if takes_name:
+            p.add_argument("job", metavar="NAME", help="the job's name")
+        config.add_arguments(p, "kafka", "command", *groups)
+        p.set_defaults(func=_checked(func))
+        return p
+
+    create = command(
+        "create", _create, "create a RUNNING job and its topics",
+        "Create a job: its record on <prefix>.jobs and its topics under the job's prefix (as "
+        "`rollstream topics create` does; --partitions applies). Publish tasks to "
+        "<job prefix>.tasks; train on <job prefix>.scored (`rollstream train --job NAME`).",
+        groups=("topics",))
+    fields = create.add_argument_group("the job (each flag left out takes its default)")
+    for field, (kind, text) in FIELD_FLAGS.items():
+        fields.add_argument("--" + _dest(field).replace("_", "-"), dest=_dest(field),
+                            type=kind, default=None, help=text)
+    apply = command(
+        "apply", _apply, "create or update a job from a TOML or JSON file",
+        "Create or update a job from a file (TOML when it ends in .toml, else JSON) holding its "
+        f"`name` and any of: {', '.join(FIELD_FLAGS)}, state. Fields the file leaves out take "
+        "their defaults; an update keeps the job's prefix, creation time and (unless the file "
+        "names one) state.", takes_name=False, groups=("topics",))
+    apply.add_argument("file", type=Path, metavar="FILE", help="the job file")
+    command("list", _list, "the jobs, their state, prefix, weight and policy", takes_name=False)
+    command("show", _show, "one job's record, as JSON")
+    for name, (_, sources, what) in TRANSITIONS.items():
+        command(name, _transition, what, f"{what[0].upper()}{what[1:]} (a job that is "
+                f"{' or '.join(sources)}).")
+    command("delete", _delete, "delete a paused, cancelled or finished job's record",
+            "Write the job's tombstone; its topics and their data are kept (delete them with "
+            "your cluster's tools once no trainer needs them).")

@@ -1,0 +1,59 @@
+"""Weighted, work-conserving fair share of RUN's in-flight episodes between the jobs of a fleet.
+
+`allowances` says how many more episodes each job may start now, from the fleet's slots (the
+shared inference servers' episodes at their caps) and each job's demand. It is pure and is
+asked afresh each time a job's runtime is about to take episodes (Stage.capacity), with every
+job's in-flight count as it is then, so the answers never hand out one free slot twice.
+
+- Free slots go one at a time to the job that wants work (input is waiting) with the fewest
+  episodes in flight per unit of weight: backlogged jobs converge on their weights' shares
+  (with few slots, as near as whole episodes allow).
+- Work-conserving: a job that wants nothing leaves its share to the others.
+- Quota (episodes in flight): a job at it gets 0; its partitions pause, nothing is dropped.
+- Priority only orders who takes free slots: a higher priority takes them first; it never
+  preempts, running episodes are never stopped to make room.
+- A job that wants nothing (its last look found no input) may still start one episode while
+  it is below its weight's share of the slots, so that new input is seen even when the others
+  fill the fleet: at most one episode per such job beyond the slots, and the slots that free up
+  next go to it first.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Demand:
+    weight: float
+    in_flight: int
+    wants: bool  # input is waiting (its last poll filled what it asked for)
+    quota: int = 0  # episodes in flight at most; 0: none
+    priority: int = 0
+
+
+def allowances(slots: int, demands: Mapping[str, Demand]) -> dict[str, int]:
+    """How many more episodes each job may start now."""
+    free = max(0, slots - sum(d.in_flight for d in demands.values()))
+    room = {j: max(0, d.quota - d.in_flight) if d.quota else slots
+            for j, d in demands.items()}
+    out = dict.fromkeys(demands, 0)
+    # Water-filling, a slot at a time: highest priority, then fewest in flight per weight.
+    queue = [(-d.priority, d.in_flight / d.weight, -d.weight, j)
+             for j, d in demands.items() if d.wants and room[j]]
+    heapq.heapify(queue)
+    while free and queue:
+        priority, _, weight, j = heapq.heappop(queue)
+        out[j] += 1
+        free -= 1
+        if out[j] < room[j]:
+            load = (demands[j].in_flight + out[j]) / demands[j].weight
+            heapq.heappush(queue, (priority, load, weight, j))
+    active = sum(d.weight for d in demands.values() if d.wants or d.in_flight)
+    for j, d in demands.items():
+        below_share = d.in_flight * (active + (0 if d.in_flight else d.weight)) < slots * d.weight
+        if not d.wants and below_share:
+            out[j] = min(room[j], 1)
+    return out

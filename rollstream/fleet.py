@@ -1,0 +1,155 @@
+"""A shared fleet: one process serving one stage of every RUNNING job on the cluster.
+
+The fleet follows the cluster's jobs topic (rollstream.jobs) and runs, in one process and one
+asyncio loop, one StageRuntime per job it serves, each with that job's settings (its prefix,
+policy, admission window): each job's runtime is the ordinary exactly-once runtime with its own
+consumer group `<job prefix>.<stage>` and transactional id, so every per-job guarantee holds
+unchanged. The runtimes share the loop fairly (`StageRuntime(shared=True)`: an idle one yields
+instead of blocking), and the fleet owns the signals.
+
+- A job created (or resumed) while the fleet runs is started at the next look (`LOOK_S`).
+- A job paused, cancelled, deleted or moved to another fleet: its runtime stops taking events,
+  lets in-flight ones finish within the drain timeout, commits and leaves its group; what did
+  not finish is closed (RUN and EVAL close their sandboxes when an episode is cancelled) and
+  is resumed by whoever serves the job next. No transaction stays open.
+- A job whose settings changed (its adapter, servers or admission window) is restarted so.
+- A runtime that fails is logged and started again after `RETRY_S`; the other jobs go on.
+
+Fair share: RUN's jobs on the shared servers get `allowance` as their capacity, the weighted
+work-conserving share of the servers' slots (rollstream.fairshare). Which jobs a fleet serves:
+those that name no group, or, with `fleet=NAME`, those that name that group (a dedicated fleet).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from rollstream.config import Settings
+from rollstream.consume.stopping import Stopping
+from rollstream.events import Job
+from rollstream.fairshare import Demand, allowances
+from rollstream.jobs import ACTIVE, JobReader, job_settings
+from rollstream.runtime import Stage, StageRuntime
+
+log = logging.getLogger("rollstream.fleet")
+
+LOOK_S = 0.5  # how often the jobs topic is looked at
+RETRY_S = 5.0  # how long a job whose runtime failed waits before it is started again
+# A job still wants work until its polls have found nothing for this long: a partition paused
+# by the fair share fetches again only once resumed (a fetch round trip, up to the broker's
+# fetch wait under load), so empty polls for a while do not mean its input ran out. A job whose
+# input did run out keeps first claim on free slots that long.
+WANTS_S = 2.0
+
+# Builds a job's stage from its settings and record; the callable is its fair share.
+MakeStage = Callable[[Settings, Job, Callable[[], int]], Stage]
+
+
+@dataclass
+class Served:
+    job: Job
+    settings: Settings
+    runtime: StageRuntime
+    task: asyncio.Task[None]
+
+
+class Fleet:
+    def __init__(self, settings: Settings, make_stage: MakeStage, *, fleet: str | None = None,
+                 drain_timeout_s: float = 30.0, slots: Callable[[], int] = lambda: 0) -> None:
+        """`settings`: the fleet's, under the cluster's prefix (where the jobs topic is);
+        `slots`: how many episodes the shared servers take at once (RUN's fair share)."""
+        self.settings = settings
+        self.make_stage = make_stage
+        self.fleet = fleet
+        self.drain_timeout_s = drain_timeout_s
+        self.slots = slots
+        self.stopping = Stopping(drain_timeout_s)
+        self.served: dict[str, Served] = {}
+        self._retry_at: dict[str, float] = {}
+
+    def serves(self, job: Job) -> bool:
+        return job["state"] in ACTIVE and job["group"] == self.fleet
+
+    def stop(self) -> None:
+        self.stopping.ask()
+
+    async def serve(self) -> None:
+        """Serve the jobs until stopped; then stop every job's runtime and wait for them."""
+        reader = JobReader(self.settings)
+        log.info("fleet %s: following %s", self.fleet or "(shared)", self.settings.topics.jobs)
+        try:
+            while not self.stopping.asked:
+                reader.poll()
+                self._reap()
+                if reader.at_end:  # never act on a partial view of the jobs
+                    self._reconcile(reader.jobs)
+                await asyncio.sleep(LOOK_S)
+        finally:
+            for served in self.served.values():
+                served.runtime.stop()
+            await asyncio.gather(*(s.task for s in self.served.values()),
+                                 return_exceptions=True)
+            self._reap()
+            reader.close()
+
+    def _reconcile(self, jobs: dict[str, Job]) -> None:
+        for name, served in self.served.items():
+            job = jobs.get(name)
+            if (job is None or not self.serves(job)
+                    or job_settings(self.settings, job) != served.settings):
+                if not served.runtime.stopping.asked:
+                    log.info("fleet: stopping job %s (%s)", name,
+                             "deleted" if job is None else job["state"])
+                    served.runtime.stop()
+            else:
+                served.job = job  # weight, quota and priority count from now on
+        now = time.monotonic()
+        for name, job in jobs.items():
+            if name not in self.served and self.serves(job) and now >= self._retry_at.get(name, 0):
+                self._start(job)
+
+    def _start(self, job: Job) -> None:
+        settings = job_settings(self.settings, job)
+        stage = self.make_stage(settings, job, functools.partial(self.allowance, job["name"]))
+        runtime = StageRuntime(stage, settings, self.drain_timeout_s, shared=True,
+                               label=f"job {job['name']}")
+        log.info("fleet: serving job %s (prefix %s) as group %s", job["name"], job["prefix"],
+                 runtime.group)
+        task = asyncio.create_task(runtime.serve(), name=f"job {job['name']}")
+        self.served[job["name"]] = Served(job, settings, runtime, task)
+
+    def _reap(self) -> None:
+        """Forget the runtimes that ended; one that failed is started again later."""
+        for name, served in list(self.served.items()):
+            if not served.task.done():
+                continue
+            del self.served[name]
+            served.runtime.loop.health.close()
+            error = None if served.task.cancelled() else served.task.exception()
+            if error is not None:
+                log.error("fleet: job %s failed; starting it again in %.0f s", name, RETRY_S,
+                          exc_info=error)
+                self._retry_at[name] = time.monotonic() + RETRY_S
+            else:
+                log.info("fleet: job %s stopped", name)
+
+    def allowance(self, name: str) -> int:
+        """How many more episodes job `name` may start now on the shared servers."""
+        recent = time.monotonic() - WANTS_S
+        demands = {
+            n: Demand(weight=s.job["weight"], in_flight=s.runtime.in_flight,
+                      wants=_wants(s.runtime.loop.empty_since, recent),
+                      quota=s.job["quota_episodes"],
+                      priority=s.job["priority"])
+            for n, s in self.served.items() if not s.job["policy_urls"]
+        }
+        return allowances(self.slots(), demands).get(name, 0)
+
+
+def _wants(empty_since: float | None, recent: float) -> bool:
+    return empty_since is None or empty_since > recent
