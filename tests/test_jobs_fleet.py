@@ -1,16 +1,19 @@
 """Jobs on one shared fleet, as separate processes on the real broker: one `rollstream fleet`
 process per stage serves every running job against one embedded policy server.
 
-Two jobs with different environments run at once: each job's scored count is exact (0 lost,
-0 duplicated) and every scored record is on its own job's topic, through a SIGKILL of the
-shared RUN process mid-run; a job created while the fleet runs is picked up without a restart;
-a cancelled job leaves its stage groups without members and its topics without an open
-transaction.
+Two jobs with different environments and different policies (each its own adapter on the one
+server) run at once: each job's scored count is exact (0 lost, 0 duplicated), every scored
+record is on its own job's topic, and every turn was sampled by its own job's adapter and
+version, through a SIGKILL of the shared RUN process mid-run; a job created while the fleet
+runs is picked up without a restart; a cancelled job leaves its stage groups without members
+and its topics without an open transaction.
 """
 
 from __future__ import annotations
 
+import json
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,9 +24,11 @@ from confluent_kafka.admin import AdminClient
 from producers.publish import publish, validate_task
 from rollstream import jobs, kafka
 from rollstream.cli import main
+from rollstream.codec import codec
 from rollstream.config import Settings
 from rollstream.dev.processes import ProcessGroup, free_port, wait_http
 from rollstream.graph import STAGES
+from rollstream.policy_server.model import build_model, save
 from rollstream.topics import delete_topics
 
 PARTITIONS = 2
@@ -54,6 +59,23 @@ def keys(settings: Settings, topic: str) -> list[str]:
 
 def scored_ids(settings: Settings) -> list[str]:
     return keys(settings, settings.topics.scored)
+
+
+def stamps(settings: Settings) -> set[tuple[str | None, int]]:
+    """The (adapter, policy version) stamps of every scored turn of the job."""
+    parts = [TopicPartition(settings.topics.scored, p, 0) for p in range(PARTITIONS)]
+    return {(turn["adapter"], turn["policy_version"])
+            for m in kafka.read_partitions(settings, parts)
+            for turn in codec().decode_as("ScoredTrajectory", m.value())["trajectory"]["turns"]}
+
+
+def load_adapter(url: str, name: str, path: Path) -> None:
+    """vLLM's runtime LoRA call, as the controller makes it."""
+    body = json.dumps({"lora_name": name, "lora_path": str(path)}).encode()
+    request = urllib.request.Request(f"{url}/v1/load_lora_adapter", body,
+                                     {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        assert response.status == 200
 
 
 def finished(*jobs: Settings) -> int:
@@ -122,12 +144,16 @@ def test_two_jobs_share_one_fleet_exactly_once(settings: Settings, tmp_path: Pat
            "--server-max-in-flight", str(SLOTS)]
     try:
         server = procs.start("policy", "serve-policy", "--port", str(port))
-        a = create("alpha", "--weight", "1")
-        b = create("beta", "--weight", "2")
+        a = create("alpha", "--weight", "1", "--adapter", "alpha-lora")
+        b = create("beta", "--weight", "2", "--adapter", "beta-lora")
         procs.start("init", "fleet", "init", *common)
         procs.start("eval", "fleet", "eval", *common)
         procs.start("run", *run)
         wait_http(f"{url}/health", proc=server, timeout=120)
+        # Each job's policy: its own weights, as its adapter on the one shared server.
+        for name, seed in (("alpha-lora-v1", 21), ("beta-lora-v2", 22)):
+            save(build_model(seed=seed), tmp_path / f"{name}.safetensors", version=seed)
+            load_adapter(url, name, tmp_path / f"{name}.safetensors")
         assert publish(a, tasks_for("alpha", "arithmetic")) == TASKS
         assert publish(b, tasks_for("beta", "reverse")) == TASKS
 
@@ -153,6 +179,10 @@ def test_two_jobs_share_one_fleet_exactly_once(settings: Settings, tmp_path: Pat
             time.sleep(1)  # a duplicate would be committed by now
             ids = scored_ids(settings_of)
             assert len(ids) == len(expected) and set(ids) == expected, job  # only its own
+        # Sampled by its own policy only: gamma names no adapter, so the base model served it.
+        assert stamps(a) == {("alpha-lora-v1", 1)}
+        assert stamps(b) == {("beta-lora-v2", 2)}
+        assert {adapter for adapter, _ in stamps(c)} == {None}
 
         # Cancelled: its stages stop, leaving no member and no open transaction behind.
         assert main(["jobs", "cancel", "gamma", *base]) == 0
