@@ -62,6 +62,7 @@ class Turn(TypedDict):
     completion_ids: bytes
     logprobs: bytes
     policy_version: int
+    adapter: str | None
     finish_reason: str
     completion_text: str
     tool_call: str | None
