@@ -217,6 +217,7 @@ def test_async_grpo_worker_feeds_trls_dataset_and_collator(
         stale_after_s=120, metrics=metrics, poll_interval_s=1.0)
     planner = trl_async.FixedCountBatcher(dataset, num_processes=1, microbatch_size=per_step)
     collator = trl_async.DataCollatorForRollout(pad_token_id=0, metrics=metrics)
+    worker.update_model_version(1)  # TRL's cold sync at train start: the weights it starts from
     worker.start()
     try:
         rows = next(iter(planner))
@@ -224,9 +225,10 @@ def test_async_grpo_worker_feeds_trls_dataset_and_collator(
         assert isinstance(worker.rollout_buffer.get(timeout=30), RolloutSample)
         assert collated["input_ids"].shape[0] == 1 and collated["global_n_tokens"].item() > 0
         assert len(collator.groups_trained) == 2
-        # The trained step: weights synced, then the version reported; its batch is committed.
+        # The trained step: weights synced, then TRL's next version reported; its batch is
+        # committed as the first version after the starting weights.
         weights.send_weights(iter([("w", torch.zeros(2))]))
-        worker.update_model_version(1)
+        worker.update_model_version(2)
         deadline = time.monotonic() + 60
         versions: list[dict] = []
         while not versions and time.monotonic() < deadline:
