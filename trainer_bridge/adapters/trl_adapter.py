@@ -22,7 +22,6 @@ from __future__ import annotations
 import queue
 import threading
 import time
-import uuid
 from collections import deque
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -30,12 +29,12 @@ from typing import Any
 
 import numpy as np
 
-from producers.publish import publish, validate_task
 from rollstream import policy_versions
 from rollstream.config import Settings
 from rollstream.events import POLICY_VERSION
 from rollstream.runtime import Output
 from trainer_bridge.adapters.sequences import split
+from trainer_bridge.adapters.tasks import publish_tasks
 from trainer_bridge.bridge import Batch, TrainerBridge
 from trainer_bridge.groups import Group, Sample
 
@@ -172,12 +171,8 @@ class TaskRollouts(BridgeRollouts):
 
     def _groups(self, prompts: list, num_generations: int) -> list[Group]:
         distinct = prompts[::num_generations]
-        tasks = [validate_task({"task_id": f"trl-{uuid.uuid4().hex[:12]}", "env": self.env,
-                                "prompt": _text(p), "data": self.data(p),
-                                "group_size": num_generations}, settings=self.settings)
-                 for p in distinct]
-        publish(self.settings, tasks)
-        wanted = [t["task_id"] for t in tasks]
+        wanted = publish_tasks(self.settings, "trl", self.env, [_text(p) for p in distinct],
+                               [self.data(p) for p in distinct], num_generations)
         while not all(t in self._waiting for t in wanted):
             for group in super()._groups(prompts, num_generations):
                 self._waiting[group.task_id] = group
