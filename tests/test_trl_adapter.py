@@ -19,6 +19,7 @@ import torch
 from rollstream import kafka, policy_versions
 from rollstream.config import Settings
 from rollstream.dev import tiny_model
+from tests import vllm_server
 from tests.trainers_env import publish_scored, sampled_groups, subprocess_env, use_trainers
 from trainer_bridge.bridge import TrainerBridge
 
@@ -181,3 +182,40 @@ def test_async_grpo_trainer_trains_through_the_rollout_worker(
         left = list(again.batches(idle_timeout_s=3))
     assert [len(b.samples) for b in left] == [per_step]
     assert left[0].step_id not in {v["step_id"] for v in versions}
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_trl_versions_are_served_by_real_vllm_and_recorded_on_the_turns_after(
+        settings: Settings, real_vllm: vllm_server.RealVllm, tmp_path: Path) -> None:
+    """The loop on vLLM's CPU build with TRL as its trainer: INIT, RUN, EVAL and the controller
+    as processes, GRPOTrainer in this process training from the scored topic. The tiny model's
+    random weights score about 0 on copy_letter, so zero-variance groups are trained too."""
+    from producers.publish import publish
+    from rollstream.dev.loop import ClosedLoop, LoopConfig
+    from trainer_bridge.adapters import trl_adapter
+    from trainer_bridge.groups import GroupPolicy
+
+    steps, model = 5, real_vllm.model.model
+    loop = ClosedLoop(settings, tmp_path, LoopConfig(tasks=32, group_size=GROUP, hf_model=model,
+                                                     trainer=False))
+    loop.start(policy_url=real_vllm.url)  # serves the starting weights as version 0
+    try:
+        publish(settings, loop.tasks())
+        rollouts = trl_adapter.train(
+            settings, model, tmp_path / "ckpt", max_steps=steps,
+            groups_per_batch=GROUPS_PER_STEP, num_generations=GROUP, use_cpu=True,
+            policy=GroupPolicy(drop_zero_variance=False), idle_timeout_s=300)
+        for progress in loop.follow(deadline=time.time() + 300):
+            if {t["policy_version"] for s in progress.scored
+                    for t in s["trajectory"]["turns"]} & set(range(1, steps + 1)):
+                break
+    finally:
+        loop.stop()
+    versions = committed(settings)
+    assert [v["version"] for v in versions] == list(range(1, steps + 1))
+    assert [e["version"] for e in rollouts.published] == list(range(1, steps + 1))
+    # Turns sampled after an update record the version vLLM served: TRL's weights, applied by
+    # the controller; none records a version nobody published.
+    recorded = {t["policy_version"] for s in progress.scored for t in s["trajectory"]["turns"]}
+    assert recorded <= set(range(steps + 1)) and max(recorded) >= 1

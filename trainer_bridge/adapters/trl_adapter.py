@@ -36,7 +36,7 @@ from rollstream.runtime import Output
 from trainer_bridge.adapters.sequences import split
 from trainer_bridge.adapters.tasks import publish_tasks
 from trainer_bridge.bridge import Batch, TrainerBridge
-from trainer_bridge.groups import Group, Sample
+from trainer_bridge.groups import Group, GroupPolicy, Sample
 
 REWARD_COLUMN = "rollstream_reward"
 
@@ -364,12 +364,14 @@ def grpo_trainer(rollouts: BridgeRollouts, model_dir: Path, start: Path, prompts
 
 def train(settings: Settings, model_dir: Path, checkpoint_dir: Path, *, max_steps: int,
           groups_per_batch: int = 2, num_generations: int = 4, learning_rate: float = 1e-3,
-          idle_timeout_s: float | None = 120.0, **config: Any) -> BridgeRollouts:
+          idle_timeout_s: float | None = 120.0, policy: GroupPolicy | None = None,
+          **config: Any) -> BridgeRollouts:
     """TRL's GRPOTrainer on the CPU (or its accelerator) trained from the scored topic through
     `BridgeRollouts`, from the newest committed version's weights; returns the adapter (its
-    `published` lists the versions this run committed). `config` goes to GRPOConfig."""
+    `published` lists the versions this run committed). `policy` is the bridge's group policy;
+    `config` goes to GRPOConfig."""
     start, version = start_from(settings, Path(model_dir))
-    bridge = TrainerBridge(settings, groups_per_batch, transactional=True)
+    bridge = TrainerBridge(settings, groups_per_batch, policy, transactional=True)
     rollouts = BridgeRollouts(bridge, checkpoint_dir, version, idle_timeout_s)
     # The prompts are only a count here: the rollouts are the scored topic's, prompts included.
     trainer = grpo_trainer(rollouts, Path(model_dir), start,
