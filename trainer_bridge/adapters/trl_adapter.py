@@ -9,9 +9,9 @@
 - `TaskRollouts`: the same in service mode: the trainer's prompts are published as tasks (one
   per distinct prompt, `num_generations` samples each) and their scored groups come back.
 - `RolloutWorker`: a rollout worker for `trl.experimental.async_grpo.AsyncGRPOTrainer`, putting
-  TRL's `RolloutSample`s on its `rollout_buffer`; `update_model_version(v)` acknowledges the
-  batches that step `v` consumed, with `SavedWeights` (a `weight_transfer`) giving the weights'
-  path for the PolicyVersion.
+  TRL's `RolloutSample`s on its `rollout_buffer`; each weight sync TRL reports after its first
+  (the starting weights) acknowledges the batches the steps since consumed, with `SavedWeights`
+  (a `weight_transfer`) giving the weights' path for the PolicyVersion.
 
 The reward TRL trains on is the episode's score from EVAL: pass `rollstream_reward` as the
 trainer's reward function (the rollouts carry it as an extra column).
