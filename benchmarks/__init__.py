@@ -23,8 +23,9 @@ RESULTS_DIR = Path(__file__).resolve().parent / "results"
 # Benchmark modules in the order `python -m benchmarks` runs them.
 BENCHMARKS = ("codec", "passthrough", "security", "saturation", "bridge", "sandbox", "metrics",
               "gateway", "turn_cpu")
-# Run only when named: each starts its own 3-node cluster or many processes, for many minutes.
-ON_REQUEST = ("chaos", "scaling")
+# Run only when named: each starts its own 3-node cluster or many processes, for many minutes;
+# adapters needs the pinned trainers (`make trainer-deps`, first on PYTHONPATH).
+ON_REQUEST = ("chaos", "scaling", "adapters")
 
 
 def _version(dist: str) -> str | None:

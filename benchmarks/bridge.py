@@ -62,8 +62,8 @@ def rollout_rate(bootstrap: str, tasks: int) -> dict[str, Any]:
             "episodes_per_s": round(len(times) / (times[-1] - published), 1)}
 
 
-def scored_event(task: int, index: int, rng: np.random.Generator) -> bytes:
-    prompt, completion = TOKENS * 3 // 4, TOKENS // 4
+def scored_event(task: int, index: int, rng: np.random.Generator, tokens: int = TOKENS) -> bytes:
+    prompt, completion = tokens * 3 // 4, tokens // 4
     turn = {"index": 0, "prompt_ids": pack_ids(rng.integers(0, 150_000, prompt, dtype=np.int32)),
             "completion_ids": pack_ids(rng.integers(0, 150_000, completion, dtype=np.int32)),
             "logprobs": pack_logprobs(-rng.random(completion, dtype=np.float32)),

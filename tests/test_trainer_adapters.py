@@ -6,9 +6,14 @@ is checked against the fields of slime's Sample as slime's source defines them."
 
 from __future__ import annotations
 
+import enum
+import sys
 import time
+import types
 from collections import defaultdict
+from dataclasses import make_dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -35,6 +40,7 @@ SLIME_SAMPLE_FIELDS = {
     "generate_function_path", "custom_rm_path", "train_metadata", "session_id",
     "non_generation_time"}
 SLIME_STATUSES = {"pending", "completed", "truncated", "aborted", "failed"}
+SLIME_OUTPUT_FIELDS = ("samples", "metrics")
 
 
 @pytest.fixture(scope="module")
@@ -119,6 +125,79 @@ def test_slime_samples_have_slimes_fields(batch: Batch) -> None:
     assert len({f["index"] for row in rows for f in row}) == 2 * GROUP
 
 
+@pytest.fixture
+def slime_types(monkeypatch: pytest.MonkeyPatch) -> tuple[type, type]:
+    """slime's Sample and RolloutFnTrainOutput as modules named as slime names them, built from
+    the field lists above and nothing else: a keyword outside them is a TypeError, a status
+    outside Sample.Status a ValueError. slime itself cannot be installed here (not on the
+    package registry, and CI fetches no source), so this is what its output is checked against."""
+    sample = make_dataclass("Sample", [(f, Any, None) for f in sorted(SLIME_SAMPLE_FIELDS)])
+    sample.Status = enum.Enum("Status", {v.upper(): v for v in SLIME_STATUSES})
+    output = make_dataclass("RolloutFnTrainOutput", [(f, Any, None) for f in SLIME_OUTPUT_FIELDS])
+    modules = {"slime": {}, "slime.utils": {}, "slime.rollout": {},
+               "slime.utils.types": {"Sample": sample},
+               "slime.rollout.base_types": {"RolloutFnTrainOutput": output}}
+    for name, attrs in modules.items():
+        module = types.ModuleType(name)
+        module.__dict__.update(attrs)
+        monkeypatch.setitem(sys.modules, name, module)
+    return sample, output
+
+
+def test_slime_generate_rollout_returns_slimes_types_and_commits_at_the_next_call(
+        settings: Settings, tiny: tiny_model.TinyModel, slime_types: tuple[type, type],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from trainer_bridge.adapters import slime_adapter
+
+    sample_cls, output_cls = slime_types
+    events = sampled_groups(tiny.model, 4, GROUP, version=2)
+    publish_scored(settings, events)
+    logged = {e["trajectory"]["episode_id"]: _turn_of(e) for e in events}
+    monkeypatch.setenv("ROLLSTREAM_BOOTSTRAP_SERVERS", settings.bootstrap_servers)
+    monkeypatch.setenv("ROLLSTREAM_PREFIX", settings.prefix)
+    monkeypatch.setenv("ROLLSTREAM_PARTITIONS", str(settings.partitions))
+    monkeypatch.setenv("ROLLSTREAM_SLIME_GROUPS", "2")
+    monkeypatch.setattr(slime_adapter, "_state", {})
+    with pytest.raises(ValueError, match="training rollouts only"):
+        slime_adapter.generate_rollout(None, 0, None, evaluation=True)
+    try:
+        first = slime_adapter.generate_rollout(None, 0, None)
+        second = slime_adapter.generate_rollout(None, 1, None)  # slime trained on the first
+    finally:
+        slime_adapter._state["bridge"].close()
+    seen: list[str] = []
+    for out in (first, second):
+        assert isinstance(out, output_cls)
+        assert [len(row) for row in out.samples] == [GROUP, GROUP]  # grouped by prompt
+        for gi, row in enumerate(out.samples):
+            assert len({s.prompt for s in row}) == 1
+            for s in row:
+                assert isinstance(s, sample_cls) and s.group_index == gi
+                assert s.status is sample_cls.Status.COMPLETED
+                turn = logged[s.metadata["episode_id"]]
+                prompt, completion = turn["prompt_ids"], turn["completion_ids"]
+                assert s.tokens == prompt + completion
+                assert s.response_length == len(completion) == len(s.loss_mask)
+                assert s.loss_mask == [1] * len(completion)
+                np.testing.assert_allclose(s.rollout_log_probs, turn["logprobs"], rtol=1e-6)
+                assert s.weight_versions == ["2"] * len(completion)
+                seen.append(s.metadata["episode_id"])
+    assert sorted(seen) == sorted(logged)  # every sample once, across the two calls
+    # The second call committed the first batch; the second is not committed until slime asks
+    # again, so a restarted rollout function gets exactly it back.
+    second_ids = {s.metadata["episode_id"] for row in second.samples for s in row}
+    with TrainerBridge(settings, 2) as again:
+        [batch] = list(again.batches(idle_timeout_s=5))
+    assert {s.episode_id for s in batch.samples} == second_ids
+
+
+def _turn_of(event: dict) -> dict:
+    turn = event["trajectory"]["turns"][0]
+    return {"prompt_ids": unpack_ids(turn["prompt_ids"]).tolist(),
+            "completion_ids": unpack_ids(turn["completion_ids"]).tolist(),
+            "logprobs": unpack_logprobs(turn["logprobs"]).tolist()}
+
+
 def test_async_grpo_worker_feeds_trls_dataset_and_collator(
         settings: Settings, tiny: tiny_model.TinyModel, tmp_path: Path) -> None:
     import torch
@@ -138,6 +217,7 @@ def test_async_grpo_worker_feeds_trls_dataset_and_collator(
         stale_after_s=120, metrics=metrics, poll_interval_s=1.0)
     planner = trl_async.FixedCountBatcher(dataset, num_processes=1, microbatch_size=per_step)
     collator = trl_async.DataCollatorForRollout(pad_token_id=0, metrics=metrics)
+    worker.update_model_version(1)  # TRL's cold sync at train start: the weights it starts from
     worker.start()
     try:
         rows = next(iter(planner))
@@ -145,9 +225,10 @@ def test_async_grpo_worker_feeds_trls_dataset_and_collator(
         assert isinstance(worker.rollout_buffer.get(timeout=30), RolloutSample)
         assert collated["input_ids"].shape[0] == 1 and collated["global_n_tokens"].item() > 0
         assert len(collator.groups_trained) == 2
-        # The trained step: weights synced, then the version reported; its batch is committed.
+        # The trained step: weights synced, then TRL's next version reported; its batch is
+        # committed as the first version after the starting weights.
         weights.send_weights(iter([("w", torch.zeros(2))]))
-        worker.update_model_version(1)
+        worker.update_model_version(2)
         deadline = time.monotonic() + 60
         versions: list[dict] = []
         while not versions and time.monotonic() < deadline:

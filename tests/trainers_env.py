@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,7 @@ from producers.publish import validate_task
 from rollstream import kafka
 from rollstream.codec import codec, pack_ids, pack_logprobs
 from rollstream.config import Settings
+from rollstream.dev.processes import ProcessGroup, free_port, wait_http
 from rollstream.events import SCORED_TRAJECTORY
 
 TRAINERS = Path(os.environ.get("ROLLSTREAM_TRAINERS_PATH") or
@@ -85,3 +88,22 @@ def publish_scored(settings: Settings, events: list[dict]) -> None:
         kafka.produce(p, settings.topics.scored, codec().encode(SCORED_TRAJECTORY, e),
                       key=e["trajectory"]["episode_id"])
     p.flush(30)
+
+
+@contextmanager
+def pipeline(settings: Settings, log_dir: Path) -> Iterator[ProcessGroup]:
+    """INIT, RUN and EVAL as processes with the embedded policy server: tasks published on the
+    job's topic come back scored. The embedded policy samples byte-level token ids (below 261),
+    which every model here takes as ids, so the trainers see real sampled rollouts."""
+    procs = ProcessGroup(log_dir)
+    url = f"http://127.0.0.1:{free_port()}"
+    common = [*settings.client_flags(), "--commit-interval-ms", "100"]
+    try:
+        server = procs.start("policy", "serve-policy", "--port", url.rsplit(":", 1)[1])
+        procs.start("init", "stage", "init", *common)
+        procs.start("run", "stage", "run", *common, "--policy-url", url)
+        procs.start("eval", "stage", "eval", *common)
+        wait_http(f"{url}/health", proc=server, timeout=120)
+        yield procs
+    finally:
+        procs.stop_all()

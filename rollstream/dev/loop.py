@@ -72,6 +72,9 @@ class LoopConfig:
     # (`--hf-model`). Its random weights score about 0 on copy_letter, so zero-variance groups
     # are trained too: the loop's versions are what it shows, not learning.
     hf_model: Path | None = None
+    # False: no `rollstream train` process; another trainer (e.g. a TRL adapter) consumes the
+    # scored topic and publishes the versions.
+    trainer: bool = True
 
 
 @dataclass
@@ -126,11 +129,12 @@ class ClosedLoop:
                          "--admission-window", str(self.config.admission_window))
         self.procs.start("run", "stage", "run", *common, "--policy-url", url, *run_args)
         self.procs.start("eval", "stage", "eval", *common)
-        self.procs.start("train", "train", *common, "--checkpoint-dir", str(self.checkpoints),
-                         *train_args,
-                         "--groups-per-batch", str(self.config.groups_per_batch),
-                         "--max-staleness", str(self.config.max_staleness),
-                         "--lr", str(self.config.lr))
+        if self.config.trainer:
+            self.procs.start("train", "train", *common, "--checkpoint-dir",
+                             str(self.checkpoints), *train_args,
+                             "--groups-per-batch", str(self.config.groups_per_batch),
+                             "--max-staleness", str(self.config.max_staleness),
+                             "--lr", str(self.config.lr))
         if server is not None:  # vLLM's CPU build takes up to minutes on a busy machine
             wait_http(f"{url}/health", proc=server, timeout=120 if model is None else 600)
         if model is not None:

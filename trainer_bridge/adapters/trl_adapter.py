@@ -9,9 +9,9 @@
 - `TaskRollouts`: the same in service mode: the trainer's prompts are published as tasks (one
   per distinct prompt, `num_generations` samples each) and their scored groups come back.
 - `RolloutWorker`: a rollout worker for `trl.experimental.async_grpo.AsyncGRPOTrainer`, putting
-  TRL's `RolloutSample`s on its `rollout_buffer`; `update_model_version(v)` acknowledges the
-  batches that step `v` consumed, with `SavedWeights` (a `weight_transfer`) giving the weights'
-  path for the PolicyVersion.
+  TRL's `RolloutSample`s on its `rollout_buffer`; each weight sync TRL reports after its first
+  (the starting weights) acknowledges the batches the steps since consumed, with `SavedWeights`
+  (a `weight_transfer`) giving the weights' path for the PolicyVersion.
 
 The reward TRL trains on is the episode's score from EVAL: pass `rollstream_reward` as the
 trainer's reward function (the rollouts carry it as an extra column).
@@ -22,7 +22,6 @@ from __future__ import annotations
 import queue
 import threading
 import time
-import uuid
 from collections import deque
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -30,14 +29,14 @@ from typing import Any
 
 import numpy as np
 
-from producers.publish import publish, validate_task
 from rollstream import policy_versions
 from rollstream.config import Settings
 from rollstream.events import POLICY_VERSION
 from rollstream.runtime import Output
 from trainer_bridge.adapters.sequences import split
+from trainer_bridge.adapters.tasks import publish_tasks
 from trainer_bridge.bridge import Batch, TrainerBridge
-from trainer_bridge.groups import Group, Sample
+from trainer_bridge.groups import Group, GroupPolicy, Sample
 
 REWARD_COLUMN = "rollstream_reward"
 
@@ -154,11 +153,17 @@ class BridgeRollouts:
 class TaskRollouts(BridgeRollouts):
     """Service mode: each distinct prompt becomes a task of `env` (`data(prompt)` its data) with
     `num_generations` samples; the call returns once every task's group is scored. Groups of
-    other tasks on the scored topic wait for the call that asked for them."""
+    other tasks on the scored topic wait for the call that asked for them. The bridge must hand
+    out the groups whose rewards are all equal (`GroupPolicy(drop_zero_variance=False)`): a
+    dropped group would leave its call waiting."""
 
     def __init__(self, bridge: TrainerBridge, checkpoint_dir: Path, env: str,
                  data: Callable[[Any], dict] = lambda prompt: {}, version: int = 0,
                  idle_timeout_s: float | None = None) -> None:
+        if bridge.assembler.policy.drop_zero_variance:
+            raise ValueError("TaskRollouts needs a bridge that keeps zero-variance groups "
+                             "(GroupPolicy(drop_zero_variance=False)): TRL asked for every "
+                             "prompt's group, and a dropped one would never come back")
         super().__init__(bridge, checkpoint_dir, version, idle_timeout_s)
         self.env = env
         self.data = data
@@ -166,12 +171,8 @@ class TaskRollouts(BridgeRollouts):
 
     def _groups(self, prompts: list, num_generations: int) -> list[Group]:
         distinct = prompts[::num_generations]
-        tasks = [validate_task({"task_id": f"trl-{uuid.uuid4().hex[:12]}", "env": self.env,
-                                "prompt": _text(p), "data": self.data(p),
-                                "group_size": num_generations}, settings=self.settings)
-                 for p in distinct]
-        publish(self.settings, tasks)
-        wanted = [t["task_id"] for t in tasks]
+        wanted = publish_tasks(self.settings, "trl", self.env, [_text(p) for p in distinct],
+                               [self.data(p) for p in distinct], num_generations)
         while not all(t in self._waiting for t in wanted):
             for group in super()._groups(prompts, num_generations):
                 self._waiting[group.task_id] = group
@@ -217,31 +218,38 @@ class SavedWeights:
 class RolloutWorker:
     """AsyncGRPOTrainer's rollout worker over a TrainerBridge.
 
-    The trainer consumes `samples_per_step` samples of the buffer per optimizer step, in the
-    order they were put there, so step `v` has consumed the first `v * samples_per_step`: when
-    it reports version `v`, every batch inside that count is acknowledged with the PolicyVersion
-    (`weights.latest` as its weights). The bridge's staleness bound (GroupPolicy.max_staleness)
-    should be the trainer's or tighter, so that the trainer drops none and the count holds.
-    The bridge is used only from the worker's thread.
+    TRL reports a version at each weight sync: first at train start (the weights it starts from,
+    `version` here, with nothing trained yet), then every `sync_steps` optimizer steps, each
+    step consuming `samples_per_step` samples of the buffer in the order they were put there.
+    So when it reports its `n`-th version after the first, `n * sync_steps * samples_per_step`
+    samples are trained: every batch inside that count is acknowledged with the PolicyVersion
+    `version + n` (`weights.latest` as its weights). Samples carry their policy version in
+    TRL's numbering, so its staleness check compares like with like. The bridge's staleness
+    bound (GroupPolicy.max_staleness) should be the trainer's or tighter, so that the trainer
+    drops none and the count holds. The bridge is used only from the worker's thread.
     """
 
     def __init__(self, bridge: TrainerBridge, samples_per_step: int, weights: SavedWeights,
-                 max_batches_ahead: int = 2) -> None:
+                 version: int = 0, sync_steps: int = 1, max_batches_ahead: int = 2) -> None:
         self.bridge = bridge
         self.samples_per_step = samples_per_step
         self.weights = weights
+        self.version = version
+        self.sync_steps = sync_steps
         self.max_batches_ahead = max_batches_ahead
         self.rollout_buffer: queue.Queue = queue.Queue()
         self.metrics_queue: queue.Queue = queue.Queue()
+        self.published: list[dict] = []  # the PolicyVersion events this worker committed
         self._versions: queue.Queue[int] = queue.Queue()
         self._handed: deque[tuple[int, Batch]] = deque()  # (samples handed through it, batch)
         self._handed_count = 0
-        self._base_version: int | None = None
+        self._base_version: int | None = None  # TRL's number for `version`, its first report
         self._stop = threading.Event()
         self._error: BaseException | None = None
         self._last_progress = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="rollstream-rollouts",
                                         daemon=True)
+        bridge.current_version = version
 
     def start(self) -> None:
         self._thread.start()
@@ -265,22 +273,26 @@ class RolloutWorker:
         try:
             while not self._stop.is_set():
                 self._acknowledge()
-                if len(self._handed) >= self.max_batches_ahead:
+                # Nothing is handed before TRL's first report: its numbering is not known yet.
+                if self._base_version is None or len(self._handed) >= self.max_batches_ahead:
                     time.sleep(0.05)
                     continue
                 for batch in self.bridge.batches(max_batches=1, idle_timeout_s=0.5):
                     self._hand(batch)
+            self._acknowledge()  # TRL reports its last step's version just before stop()
         except BaseException as exc:  # surfaced to the trainer by check_health
             self._error = exc
 
     def _hand(self, batch: Batch) -> None:
         from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
 
+        assert self._base_version is not None
         samples = batch.trainable
         group_ids = {g.task_id: i for i, g in enumerate(batch.groups, start=self._handed_count)}
         for s in samples:
-            self.rollout_buffer.put(to_rollout_sample(RolloutSample, s, group_ids[
-                s.scored["trajectory"]["task"]["task_id"]]))
+            self.rollout_buffer.put(to_rollout_sample(
+                RolloutSample, s, group_ids[s.scored["trajectory"]["task"]["task_id"]],
+                self._base_version - self.version))
         self._handed_count += len(samples)
         self._handed.append((self._handed_count, batch))
         self._last_progress = time.monotonic()
@@ -288,27 +300,31 @@ class RolloutWorker:
     def _acknowledge(self) -> None:
         while True:
             try:
-                version = self._versions.get_nowait()
+                reported = self._versions.get_nowait()
             except queue.Empty:
                 return
             if self._base_version is None:
-                self._base_version = version - 1  # the first report follows the first step
-            trained = (version - self._base_version) * self.samples_per_step
+                self._base_version = reported  # the starting weights: nothing trained yet
+                continue
+            syncs = reported - self._base_version
+            trained = syncs * self.sync_steps * self.samples_per_step
             done = []
             while self._handed and self._handed[0][0] <= trained:
                 done.append(self._handed.popleft()[1])
             if done:
                 merged = Batch([g for b in done for g in b.groups], self.bridge)
                 uri = self.weights.latest or Path("")
-                event = version_event(self.bridge.settings, version, uri, merged.step_id,
-                                      {"samples": float(len(merged.samples))})
+                event = version_event(self.bridge.settings, self.version + syncs, uri,
+                                      merged.step_id, {"samples": float(len(merged.samples))})
                 merged.ack([event])
-                self.bridge.current_version = version
+                self.bridge.current_version = self.version + syncs
+                self.published.append(event.value)
 
 
-def to_rollout_sample(cls: type, sample: Sample, group_id: int) -> Any:
+def to_rollout_sample(cls: type, sample: Sample, group_id: int, version_offset: int = 0) -> Any:
     """TRL's RolloutSample of a trainable sample: arrays over the whole sequence, the completion
-    mask on sampled tokens, old logprobs 0.0 elsewhere."""
+    mask on sampled tokens, old logprobs 0.0 elsewhere; its model version is the oldest policy
+    version that sampled it plus `version_offset` (TRL's numbering)."""
     q = split(sample)
     mask = np.array([0] * len(q.prompt_ids) + q.response_mask, np.int64)
     old = np.array([0.0] * len(q.prompt_ids) + q.response_logprobs, np.float32)
@@ -318,36 +334,50 @@ def to_rollout_sample(cls: type, sample: Sample, group_id: int) -> Any:
                completion=[{"role": "assistant", "content": ""}],
                input_ids=np.array(q.prompt_ids + q.response_ids, np.int64),
                completion_mask=mask, old_log_probs=old, advantage=float(sample.advantage or 0.0),
-               model_version=min(versions), group_id=group_id,
+               model_version=min(versions) + version_offset, group_id=group_id,
                metrics={"reward": float(sample.reward or 0.0)}, enqueued_at=time.time())
 
 
-def train(settings: Settings, model_dir: Path, checkpoint_dir: Path, *, max_steps: int,
-          groups_per_batch: int = 2, num_generations: int = 4, learning_rate: float = 1e-3,
-          idle_timeout_s: float | None = 120.0, **config: Any) -> BridgeRollouts:
-    """TRL's GRPOTrainer on the CPU (or its accelerator) trained from the scored topic through
-    `BridgeRollouts`, from the newest committed version's weights; returns the adapter (its
-    `published` lists the versions this run committed). `config` goes to GRPOConfig."""
+def grpo_trainer(rollouts: BridgeRollouts, model_dir: Path, start: Path, prompts: list,
+                 *, max_steps: int, groups_per_batch: int = 2, num_generations: int = 4,
+                 learning_rate: float = 1e-3, **config: Any) -> Any:
+    """TRL's GRPOTrainer of the model at `start` (tokenizer from `model_dir`) taking its rollouts
+    from `rollouts`, one generation batch (`groups_per_batch` prompts of `num_generations`) per
+    step, with the adapter's callback; `config` goes to GRPOConfig."""
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
-    start, version = start_from(settings, Path(model_dir))
-    bridge = TrainerBridge(settings, groups_per_batch, transactional=True)
-    rollouts = BridgeRollouts(bridge, checkpoint_dir, version, idle_timeout_s)
-    batch = groups_per_batch * num_generations
     args = GRPOConfig(**{
-        "output_dir": str(Path(checkpoint_dir) / "trl"), "per_device_train_batch_size": batch,
+        "output_dir": str(rollouts.checkpoint_dir / "trl"),
+        "per_device_train_batch_size": groups_per_batch * num_generations,
         "num_generations": num_generations, "gradient_accumulation_steps": 1,
         "steps_per_generation": 1, "max_steps": max_steps, "learning_rate": learning_rate,
         "beta": 0.0, "use_vllm": False, "bf16": False, "report_to": [], "save_strategy": "no",
-        "logging_steps": 1, "seed": version, **config})
+        "logging_steps": 1, "seed": rollouts.version, **config})
+    return GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(start),
+                       processing_class=AutoTokenizer.from_pretrained(model_dir),
+                       reward_funcs=rollstream_reward, args=args,
+                       train_dataset=Dataset.from_dict({"prompt": prompts}),
+                       rollout_func=rollouts, callbacks=[rollouts.callback()])
+
+
+def train(settings: Settings, model_dir: Path, checkpoint_dir: Path, *, max_steps: int,
+          groups_per_batch: int = 2, num_generations: int = 4, learning_rate: float = 1e-3,
+          idle_timeout_s: float | None = 120.0, policy: GroupPolicy | None = None,
+          **config: Any) -> BridgeRollouts:
+    """TRL's GRPOTrainer on the CPU (or its accelerator) trained from the scored topic through
+    `BridgeRollouts`, from the newest committed version's weights; returns the adapter (its
+    `published` lists the versions this run committed). `policy` is the bridge's group policy;
+    `config` goes to GRPOConfig."""
+    start, version = start_from(settings, Path(model_dir))
+    bridge = TrainerBridge(settings, groups_per_batch, policy, transactional=True)
+    rollouts = BridgeRollouts(bridge, checkpoint_dir, version, idle_timeout_s)
     # The prompts are only a count here: the rollouts are the scored topic's, prompts included.
-    prompts = Dataset.from_dict({"prompt": ["rollstream"] * (max_steps * groups_per_batch)})
-    trainer = GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(start),
-                          processing_class=AutoTokenizer.from_pretrained(model_dir),
-                          reward_funcs=rollstream_reward, args=args, train_dataset=prompts,
-                          rollout_func=rollouts, callbacks=[rollouts.callback()])
+    trainer = grpo_trainer(rollouts, Path(model_dir), start,
+                           ["rollstream"] * (max_steps * groups_per_batch), max_steps=max_steps,
+                           groups_per_batch=groups_per_batch, num_generations=num_generations,
+                           learning_rate=learning_rate, **config)
     try:
         trainer.train()
     finally:

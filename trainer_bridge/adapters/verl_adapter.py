@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-import uuid
+from collections.abc import Callable
 from typing import Any
 
 from verl.experimental.agent_loop.agent_loop import (
@@ -27,9 +27,9 @@ from verl.experimental.agent_loop.agent_loop import (
     register,
 )
 
-from producers.publish import publish, validate_task
 from rollstream.config import Settings
 from trainer_bridge.adapters.sequences import split
+from trainer_bridge.adapters.tasks import publish_tasks
 from trainer_bridge.bridge import Batch, TrainerBridge
 from trainer_bridge.groups import Group, GroupPolicy, Sample
 
@@ -47,9 +47,12 @@ def agent_loop_output(sample: Sample) -> AgentLoopOutput:
 class GroupSource:
     """Tasks out, scored groups back, over a bridge read from one thread at a time."""
 
-    def __init__(self, settings: Settings, env: str, policy: GroupPolicy | None = None) -> None:
+    def __init__(self, settings: Settings, env: str,
+                 data: Callable[[str], dict[str, Any]] = lambda prompt: {},
+                 policy: GroupPolicy | None = None) -> None:
         self.settings = settings
         self.env = env
+        self.data = data  # the task's env data for a prompt
         self.bridge = TrainerBridge(settings, 1, policy or GroupPolicy(drop_zero_variance=False))
         self._lock = threading.Lock()
         self._rows: dict[str, str] = {}  # row key -> task id
@@ -59,11 +62,8 @@ class GroupSource:
         """The next sample of the row's group, publishing its task on the row's first call."""
         with self._lock:
             if row not in self._rows:
-                task = validate_task({"task_id": f"verl-{uuid.uuid4().hex[:12]}",
-                                      "env": self.env, "prompt": prompt, "group_size": n},
-                                     settings=self.settings)
-                publish(self.settings, [task])
-                self._rows[row] = task["task_id"]
+                [self._rows[row]] = publish_tasks(self.settings, "verl", self.env, [prompt],
+                                                  [self.data(prompt)], n)
             task_id = self._rows[row]
             while task_id not in self._groups:
                 for batch in self.bridge.batches(max_batches=1):
@@ -78,6 +78,11 @@ class GroupSource:
                 del self._rows[row]
                 Batch([group], self.bridge).ack()
             return sample
+
+    def close(self) -> None:
+        """Leave the bridge's consumer group; groups not yet handed out in full stay
+        uncommitted, so the next source gets them again."""
+        self.bridge.close()
 
 
 @register("rollstream")
