@@ -22,7 +22,7 @@ import pytest
 from rollstream.broker import local
 from rollstream.config import Settings, Topics, load
 from rollstream.topics import create_topics, delete_topics
-from tests import vllm_server
+from tests.helpers import vllm_server
 
 if TYPE_CHECKING:
     from testcontainers.core.container import DockerContainer
