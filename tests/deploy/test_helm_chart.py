@@ -18,11 +18,8 @@ import yaml
 
 from rollstream import graph
 from rollstream.deploy import chart
+from tests.helpers.helm_helpers import CHART, CRDS, HELM, HELM_DIR, VALIDATE
 
-ROOT = Path(__file__).resolve().parents[2]
-HELM_DIR = ROOT / ".rollstream" / "helm"
-HELM, VALIDATE, CRDS = HELM_DIR / "bin" / "helm", HELM_DIR / "bin" / "validate", HELM_DIR / "crds"
-CHART = ROOT / "deploy" / "helm" / "rollstream"
 CI_VALUES = CHART / "ci" / "test-values.yaml"
 KEDA_KAFKA_SCALER = HELM_DIR / "keda" / "kafka_scaler.go"
 CRD_FILES = ("keda.sh_scaledobjects.yaml", "keda.sh_triggerauthentications.yaml",

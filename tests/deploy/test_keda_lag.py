@@ -22,7 +22,7 @@ from rollstream.broker.local import _java
 from rollstream.config import Settings
 from rollstream.dev.processes import ProcessGroup, free_port, wait_http
 from rollstream.graph import STAGES, input_of
-from tests.deploy.test_helm_chart import CHART, HELM, HELM_DIR
+from tests.helpers.helm_helpers import CHART, HELM, HELM_DIR
 
 KAFKA_TOOLS = HELM_DIR / "kafka-tools" / "jars"
 

@@ -8,11 +8,8 @@ a broker other tests share would break them.
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,32 +21,10 @@ from rollstream.broker import local
 from rollstream.config import Settings, load
 from rollstream.dev.processes import ProcessGroup, free_port, wait_http
 from rollstream.topics import create_topics
-from tests.e2e.test_pipeline import GROUP, make_tasks
+from tests.helpers.pipeline_helpers import GROUP, kill_broker, make_tasks
 
 TASKS = 40
 DRAIN_S = 10
-
-
-@pytest.fixture
-def own_broker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    libs = local.resolve_jars()  # the project's jars, fetched once, shared with this broker
-    monkeypatch.setenv(local.HOME_ENV, str(tmp_path / "broker"))
-    monkeypatch.setenv(local.HEAP_ENV, "256m")
-    local.kafka_dir().mkdir(parents=True)
-    local.libs_dir().symlink_to(libs, target_is_directory=True)
-    bootstrap = local.start(timeout=120)
-    try:
-        yield bootstrap
-    finally:
-        local.stop(timeout=20)
-
-
-def kill_broker() -> None:
-    pid = int((local.kafka_dir() / "broker.pid").read_text())
-    os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 20
-    while local.is_running() and time.monotonic() < deadline:
-        time.sleep(0.1)
 
 
 @pytest.mark.slow

@@ -25,9 +25,7 @@ from rollstream.dev.background import BackgroundServer
 from rollstream.dev.processes import ProcessGroup
 from rollstream.policy_server.model import build_model, save
 from rollstream.topics import create_topics
-from tests.e2e.test_broker_restart import kill_broker, own_broker  # noqa: F401 - the fixture
-from tests.e2e.test_pipeline import make_tasks
-from tests.inference.test_controller_policy import served_version, wait
+from tests.helpers.pipeline_helpers import kill_broker, make_tasks, served_version, wait
 
 TASKS = 12
 WINDOW = 2  # tasks INIT lets in beyond what the trainer reports consumed
@@ -52,7 +50,7 @@ def admitted(settings: Settings) -> int:
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_controller_and_admission_follow_new_versions_across_a_broker_restart(
-        own_broker: str, tmp_path: Path) -> None:  # noqa: F811 - the imported fixture
+        own_broker: str, tmp_path: Path) -> None:
     prefix = "followers"
     create_topics(own_broker, prefix, partitions=2)
     settings = load(bootstrap_servers=own_broker, prefix=prefix, partitions=2)

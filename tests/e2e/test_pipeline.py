@@ -14,33 +14,18 @@ from pathlib import Path
 import pytest
 from confluent_kafka import TopicPartition
 
-from producers.publish import publish, validate_task
+from producers.publish import publish
 from producers.replay import replay
 from rollstream import kafka
 from rollstream.codec import codec
 from rollstream.config import Settings
 from rollstream.dev.processes import ProcessGroup, free_port, wait_http
 from rollstream.envs.registry import get_env
+from tests.helpers.pipeline_helpers import GROUP, make_tasks
 from trainer_bridge.bridge import TrainerBridge
 from trainer_bridge.groups import GroupPolicy
 
 TASKS = 200
-GROUP = 4
-
-
-def make_tasks(n: int) -> list[dict]:
-    tasks = []
-    for i in range(n):
-        sampling = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "max_tokens": 6, "seed": i}
-        if i % 2:
-            tasks.append({"task_id": f"g{i}", "env": "guess_number", "prompt": "Guess 0-9.",
-                          "data": {"secret": i % 10, "low": 0, "high": 9}, "max_turns": 3,
-                          "group_size": GROUP, "sampling": sampling})
-        else:
-            tasks.append({"task_id": f"a{i}", "env": "arithmetic", "prompt": f"{i % 5}+2=",
-                          "data": {"answer": str(i % 5 + 2)}, "max_turns": 1,
-                          "group_size": GROUP, "sampling": sampling})
-    return [validate_task(t) for t in tasks]
 
 
 def read_topic(settings: Settings, topic: str) -> list:

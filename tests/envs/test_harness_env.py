@@ -23,10 +23,9 @@ from rollstream.envs.mini_swe_agent import harness_task
 from rollstream.envs.swe.tool_calls import ToolCall, hermes
 from tests.helpers.run_helpers import play, run_settings
 from tests.helpers.sandbox_helpers import needs_bwrap, sandbox_root
+from tests.helpers.swe_helpers import SHIPPED
 
 __all__ = ["sandbox_root"]
-
-SHIPPED = Path(__file__).resolve().parents[2] / "examples" / "swe" / "instances.jsonl"
 
 # Calls the gateway once, runs two commands in the sandbox, prints what it saw, exits 0.
 PLAIN_HARNESS = textwrap.dedent("""\

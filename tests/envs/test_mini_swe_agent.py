@@ -27,20 +27,13 @@ from rollstream.codec import codec
 from rollstream.config import Settings
 from rollstream.dev.processes import ProcessGroup, free_port, wait_http
 from rollstream.envs import mini_swe_agent
-from tests.envs.test_swe_pipeline import SHIPPED, scored
 from tests.helpers.sandbox_helpers import needs_bwrap, sandbox_root
+from tests.helpers.swe_helpers import HARNESS_BIN, SHIPPED, needs_mini, scored
 from trainer_bridge.groups import GroupPolicy
 from trainer_bridge.train_loop import train
 
 __all__ = ["sandbox_root"]
 
-ROOT = Path(__file__).resolve().parents[2]
-HARNESS_BIN = Path(os.environ.get("ROLLSTREAM_HARNESS_BIN",
-                                  ROOT / ".rollstream" / "harness-venv" / "bin"))
-needs_mini = pytest.mark.skipif(
-    not (HARNESS_BIN / "mini").exists(),
-    reason=f"mini-swe-agent is not installed at {HARNESS_BIN} (`make harness-deps`); "
-           "test_harness_env.py covers the harness environment with plain HTTP harnesses")
 COUNT = int(os.environ.get("ROLLSTREAM_MINI_SWE_TASKS", "1"))
 pytestmark = [needs_bwrap, needs_mini, pytest.mark.slow,
               pytest.mark.timeout(600 + 120 * COUNT)]

@@ -9,8 +9,6 @@ import asyncio
 import json
 from pathlib import Path
 
-from producers.publish import load_tasks
-from rollstream.envs.base import Score
 from rollstream.envs.swe.env import SweEnv
 from rollstream.envs.swe.gold import gold_script
 from rollstream.envs.swe.grading import grade
@@ -18,40 +16,9 @@ from rollstream.envs.swe.instance import SweInstance
 from rollstream.sandbox import backends
 from rollstream.sandbox.docker import IMAGE_ENV
 from tests.helpers.sandbox_helpers import backend, needs_bwrap, sandbox_root
+from tests.helpers.swe_helpers import call, play, shipped
 
 __all__ = ["backend", "sandbox_root"]
-
-SHIPPED = Path(__file__).resolve().parents[2] / "examples" / "swe" / "instances.jsonl"
-
-
-def call(name: str, **arguments) -> str:
-    return f'<tool_call>{json.dumps({"name": name, "arguments": arguments})}</tool_call>'
-
-
-def shipped(slug: str | None = None) -> list[dict]:
-    tasks = load_tasks(SHIPPED, "swe-bench")
-    return [t for t in tasks if slug is None or t["task_id"].endswith(f"__{slug}-1")]
-
-
-async def play(task: dict, completions: list[str], env: SweEnv | None = None,
-               state: dict | None = None, step_tasks: dict[int, dict] | None = None,
-               ) -> tuple[Score, list[str | None], dict]:
-    """Run completions through the env as RUN would; returns EVAL's score, the observations
-    and the final state. `step_tasks` gives some steps (by index) a task of their own."""
-    env = env or SweEnv()
-    state = state if state is not None else await env.reset(task)
-    observations = []
-    try:
-        for i, text in enumerate(completions):
-            result = await env.step((step_tasks or {}).get(i, task), state, text)
-            state = result.state
-            observations.append(result.observation)
-            if result.done:
-                break
-    finally:
-        await env.close(task, state)
-    trajectory = {"termination": "DONE", "env_state": json.dumps(state), "turns": []}
-    return await env.evaluate(task, trajectory), observations, state
 
 
 def test_the_shipped_set_is_large_enough_and_well_formed() -> None:

@@ -18,8 +18,8 @@ from rollstream.envs.swe.grading import grade, protected_files
 from rollstream.envs.swe.instance import SweInstance
 from rollstream.envs.swe.junit import parse_junit
 from rollstream.envs.swe.log_parsers import parse_pytest
-from tests.envs.test_swe import call, play, shipped
 from tests.helpers.sandbox_helpers import backend, sandbox_root
+from tests.helpers.swe_helpers import EDGE_LOG, call, play, shipped
 
 __all__ = ["backend", "sandbox_root"]
 
@@ -143,20 +143,6 @@ def test_breaking_git_is_the_agents_failure(backend: str, command: str) -> None:
 
 
 # -- test ids as SWE-bench cuts them -----------------------------------------------------------
-
-# SWE-bench's parse_log_pytest: lines starting with a status word; FAILED lines drop " - "; the
-# id is the second whitespace-separated word; XPASS is not one of its statuses; the SKIPPED [N]
-# summary names no test. (tests/test_swebench_contract.py runs it on this log too.)
-EDGE_LOG = "\n".join([
-    "PASSED tests/a.py::test_ids[a b]",
-    "FAILED tests/a.py::test_y - AssertionError: x",
-    "XFAIL tests/a.py::test_z - reason",
-    "XPASS tests/a.py::test_w",
-    "  PASSED tests/a.py::indented",
-    "ERROR tests/a.py::test_e",
-    "SKIPPED [1] tests/a.py:3: no",
-    "PASSED",
-])
 
 
 def test_log_parser_cuts_test_ids_as_swebench_does() -> None:

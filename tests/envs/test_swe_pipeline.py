@@ -16,20 +16,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from confluent_kafka import TopicPartition
 
 from producers.publish import load_tasks, publish
-from rollstream import kafka
-from rollstream.codec import codec
 from rollstream.config import Settings
 from rollstream.dev.processes import ProcessGroup, free_port, wait_http
 from tests.helpers.sandbox_helpers import needs_bwrap, sandbox_root
+from tests.helpers.swe_helpers import SHIPPED, scored
 
 __all__ = ["sandbox_root"]
 
 pytestmark = [needs_bwrap, pytest.mark.slow]
-
-SHIPPED = Path(__file__).resolve().parents[2] / "examples" / "swe" / "instances.jsonl"
 
 
 def shipped_tasks(max_turns: int, max_tokens: int) -> list[dict]:
@@ -38,12 +34,6 @@ def shipped_tasks(max_turns: int, max_tokens: int) -> list[dict]:
         task.update(group_size=1, max_turns=max_turns)
         task["sampling"] = {**task["sampling"], "max_tokens": max_tokens, "seed": i}
     return tasks
-
-
-def scored(settings: Settings) -> list[dict]:
-    tps = [TopicPartition(settings.topics.scored, p, 0) for p in range(settings.partitions)]
-    return [codec().decode_as("ScoredTrajectory", m.value())
-            for m in kafka.read_partitions(settings, tps)]
 
 
 def run_pipeline(settings: Settings, logs: Path, policy: list[str],

@@ -25,9 +25,8 @@ import pytest
 from rollstream.envs.swe.grading import SuiteRun, resolution, run_tests
 from rollstream.envs.swe.instance import SweInstance
 from rollstream.envs.swe.log_parsers import parse_pytest
-from tests.envs.test_swe import shipped
-from tests.envs.test_swe_abuse import EDGE_LOG
 from tests.helpers.sandbox_helpers import needs_bwrap, sandbox_root
+from tests.helpers.swe_helpers import EDGE_LOG, shipped
 
 __all__ = ["sandbox_root"]
 

@@ -283,7 +283,7 @@ BASH_TOOL = {"type": "function", "function": {
 def test_a_hugging_face_template_gets_tools_and_tool_calls(tmp_path: Path) -> None:
     from rollstream.gateway.messages import PromptBuilder, assistant_message, normalize
     from rollstream.inference.hf_template import HFChatTemplate
-    from tests.inference.test_hf_template import tokenizer_dir
+    from tests.helpers.tokenizer_helpers import tokenizer_dir
 
     template = HFChatTemplate(tokenizer_dir(tmp_path / "tok", TOOL_TEMPLATE))
     builder = PromptBuilder(template)

@@ -1,8 +1,11 @@
-"""Shared by the sandbox and SWE tests: a private sandbox root, and the leak check (no sandbox
-directory and no sandboxed process may outlive a test)."""
+"""Shared by the sandbox and SWE tests: a private sandbox root, the leak check (no sandbox
+directory and no sandboxed process may outlive a test), and running as an unprivileged owner."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -51,3 +54,16 @@ def backend(request: pytest.FixtureRequest, sandbox_root: Path,
     """Every sandbox the test makes comes from this backend (and none may be left)."""
     monkeypatch.setenv(BACKEND_ENV, request.param)
     return request.param
+
+
+def as_nobody() -> list[str] | None:
+    """A command prefix running a Python as an unprivileged owner, or None where none can."""
+    if os.geteuid() != 0:
+        return [sys.executable]
+    for python in dict.fromkeys([sys.executable, "/usr/bin/python3"]):
+        prefix = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", python]
+        # The project's virtualenv may live where nobody may enter (e.g. under /root).
+        probe = "import os, sys; os.listdir(sys.base_prefix)"  # bwrap must bind it
+        if subprocess.run([*prefix, "-c", probe], capture_output=True).returncode == 0:
+            return prefix
+    return None

@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -22,8 +20,8 @@ from rollstream.dev.background import BackgroundServer
 from rollstream.inference.controller import Controller
 from rollstream.policy_server.model import build_model, save
 from rollstream.runtime import StageRuntime
-from rollstream.wire import VERSION_PATH
 from stages.run import RunStage
+from tests.helpers.pipeline_helpers import served_version, wait
 from tests.helpers.run_helpers import guess_episodes
 
 
@@ -39,20 +37,6 @@ def trajectories(settings: Settings) -> list[dict]:
     msgs = kafka.read_partitions(settings, [TopicPartition(settings.topics.trajectories, p, 0)
                                             for p in range(4)])
     return [codec().decode_as("Trajectory", m.value()) for m in msgs]
-
-
-def served_version(url: str) -> int:
-    with urllib.request.urlopen(url + VERSION_PATH, timeout=5) as response:
-        return int(json.load(response)["version"])
-
-
-def wait(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.mark.slow

@@ -32,10 +32,9 @@ from rollstream.inference.client import InferenceClient
 from rollstream.inference.controller import apply_policy, current_version
 from rollstream.wire import lora_name
 from stages.run import conversation
-from tests.envs.test_mini_swe_agent import HARNESS_BIN, needs_mini
-from tests.envs.test_swe_pipeline import SHIPPED
 from tests.helpers.run_helpers import guess_episodes, play, run_settings
 from tests.helpers.sandbox_helpers import needs_bwrap, sandbox_root
+from tests.helpers.swe_helpers import HARNESS_BIN, SHIPPED, needs_mini
 from tests.helpers.vllm_server import RealVllm
 
 __all__ = ["sandbox_root"]

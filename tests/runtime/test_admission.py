@@ -8,16 +8,8 @@ from contextlib import contextmanager
 
 from rollstream import kafka
 from rollstream.admission import AdmissionGate
-from rollstream.codec import codec
 from rollstream.config import Settings
-
-
-def publish_version(settings: Settings, version: int, consumed: int) -> None:
-    producer = kafka.producer(settings)
-    kafka.produce(producer, settings.topics.policy, codec().encode("PolicyVersion", {
-        "version": version, "uri": "x", "metrics": {"groups_consumed": float(consumed)},
-        "created_at_ms": 0}), key="policy")
-    producer.flush()
+from tests.helpers.runtime_helpers import publish_version
 
 
 def wait_for(predicate, timeout: float = 10.0) -> None:

@@ -20,7 +20,7 @@ from rollstream.config import Settings
 from rollstream.runtime import EventContext, InvalidEvent, StageRuntime
 from stages.init import InitStage
 from stages.run import RunStage
-from tests.runtime.test_runtime import read_all, run_until
+from tests.helpers.runtime_helpers import read_all, run_until
 
 MIB = 1024 * 1024
 

@@ -14,8 +14,8 @@ from rollstream.dedup import SeenIds
 from rollstream.runtime import StageRuntime
 from stages.eval import EvalStage
 from stages.init import InitStage
+from tests.helpers.runtime_helpers import read_all, run_until
 from tests.helpers.scored_factory import scored
-from tests.runtime.test_runtime import read_all, run_until
 
 PARTITIONS = 4
 

@@ -4,29 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import time
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
 from confluent_kafka import TopicPartition
-from prometheus_client.parser import text_string_to_metric_families
 
 from producers.publish import publish, validate_task
 from rollstream import kafka
 from rollstream.config import Settings
 from rollstream.dev.processes import ProcessGroup, free_port
-
-
-def scrape(port: int) -> dict[tuple[str, tuple], float]:
-    """Every sample of /metrics as {(name, sorted labels): value}."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-        text = r.read().decode()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
-
-
-def value(samples: dict, name: str, **labels: str) -> float:
-    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+from tests.helpers.metrics_helpers import scrape, value
 
 
 def scrape_until(procs: ProcessGroup, port: int, done: Callable[[dict], bool],

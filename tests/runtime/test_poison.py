@@ -17,7 +17,7 @@ from rollstream.config import Settings
 from rollstream.graph import MIB
 from rollstream.runtime import EventContext, Output, Stage, StageRuntime
 from rollstream.topics import record_limits
-from tests.runtime.test_runtime import policy_event, run_until
+from tests.helpers.runtime_helpers import policy_event, run_until
 
 
 class Forward(Stage):

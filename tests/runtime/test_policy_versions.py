@@ -9,7 +9,7 @@ import time
 from rollstream import kafka
 from rollstream.config import Settings
 from rollstream.policy_versions import PolicyReader, latest, partitions
-from tests.runtime.test_admission import publish_version
+from tests.helpers.runtime_helpers import publish_version
 
 
 def test_the_newest_version_wins_and_a_bad_record_is_skipped(settings: Settings) -> None:

@@ -15,7 +15,7 @@ import pytest
 
 from rollstream.config import Settings
 from rollstream.dev.processes import ProcessGroup, free_port, wait_http
-from tests.runtime.test_status import GROUP, TASKS, start_pipeline
+from tests.helpers.metrics_helpers import GROUP, TASKS, start_pipeline
 
 PROMETHEUS = shutil.which("prometheus")
 

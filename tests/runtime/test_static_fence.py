@@ -12,7 +12,7 @@ from dataclasses import replace
 from rollstream import kafka
 from rollstream.config import Settings
 from rollstream.runtime import EventContext, Output, StageRuntime
-from tests.runtime.test_runtime import SlowEcho, policy_event
+from tests.helpers.runtime_helpers import SlowEcho, policy_event
 
 
 class Echo(SlowEcho):

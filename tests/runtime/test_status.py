@@ -12,13 +12,10 @@ from pathlib import Path
 import pytest
 from confluent_kafka import TopicPartition
 
-from producers.publish import publish, validate_task
 from rollstream import kafka
 from rollstream.config import Settings
-from rollstream.dev.processes import ProcessGroup, free_port, wait_http
-from tests.runtime.test_metrics import scrape, value
-
-TASKS, GROUP = 12, 2
+from rollstream.dev.processes import ProcessGroup, free_port
+from tests.helpers.metrics_helpers import GROUP, TASKS, scrape, start_pipeline, value
 
 
 def status(settings: Settings, *extra: str) -> dict:
@@ -27,28 +24,6 @@ def status(settings: Settings, *extra: str) -> dict:
          "--bootstrap-servers", settings.bootstrap_servers, "--prefix", settings.prefix,
          *extra], capture_output=True, text=True, timeout=120, check=True)
     return json.loads(out.stdout)
-
-
-def start_pipeline(settings: Settings, procs: ProcessGroup, workdir: Path,
-                   ports: dict[str, int]) -> str:
-    """Policy server, INIT, RUN, EVAL and the trainer, each stage serving /metrics on its port
-    in `ports`; publishes TASKS tasks. Returns the policy server's URL."""
-    url = f"http://127.0.0.1:{free_port()}"
-    common = ["--bootstrap-servers", settings.bootstrap_servers, "--prefix", settings.prefix]
-    server = procs.start("policy", "serve-policy", "--port", url.rsplit(":", 1)[1])
-    for stage in ("init", "run", "eval"):
-        procs.start(stage, "stage", stage, *common, "--commit-interval-ms", "100",
-                    *(["--policy-url", url] if stage == "run" else []),
-                    "--metrics-port", str(ports[stage]))
-    procs.start("train", "train", *common, "--checkpoint-dir", str(workdir / "ckpt"),
-                "--groups-per-batch", "2", "--metrics-port", str(ports["train"]))
-    wait_http(f"{url}/health", proc=server, timeout=120)
-    publish(settings, [validate_task({
-        "task_id": f"a{i}", "env": "arithmetic", "prompt": f"{i % 5}+2=",
-        "data": {"answer": str(i % 5 + 2)}, "group_size": GROUP,
-        "sampling": {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "max_tokens": 4,
-                     "seed": i}}) for i in range(TASKS)])
-    return url
 
 
 @pytest.mark.slow

@@ -23,7 +23,13 @@ import pytest
 from rollstream.sandbox import Limits, SandboxError, SandboxSpec
 from rollstream.sandbox.bwrap import BwrapBackend, BwrapSandbox, delete_tree
 from rollstream.sandbox.leases import UidPool
-from tests.helpers.sandbox_helpers import live_sandboxes, needs_bwrap, processes_in, sandbox_root
+from tests.helpers.sandbox_helpers import (
+    as_nobody,
+    live_sandboxes,
+    needs_bwrap,
+    processes_in,
+    sandbox_root,
+)
 
 __all__ = ["sandbox_root"]  # the fixture, imported for pytest
 
@@ -90,21 +96,8 @@ asyncio.run(main())
 """
 
 
-def _as_nobody() -> list[str] | None:
-    """A command prefix running a Python as an unprivileged owner, or None where none can."""
-    if os.geteuid() != 0:
-        return [sys.executable]
-    for python in dict.fromkeys([sys.executable, "/usr/bin/python3"]):
-        prefix = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", python]
-        # The project's virtualenv may live where nobody may enter (e.g. under /root).
-        probe = "import os, sys; os.listdir(sys.base_prefix)"  # bwrap must bind it
-        if subprocess.run([*prefix, "-c", probe], capture_output=True).returncode == 0:
-            return prefix
-    return None
-
-
 def test_a_non_root_owners_environment_is_not_readable_in_the_sandbox() -> None:
-    prefix = _as_nobody()
+    prefix = as_nobody()
     if prefix is None:
         pytest.skip("no Python that an unprivileged user may run (root-owned virtualenv)")
     # Not under pytest's tmp_path: its parents are closed to other users.

@@ -17,9 +17,8 @@ import pytest
 from rollstream.sandbox import Limits, SandboxSpec, create_sandbox
 from rollstream.sandbox.base import INODES_PER_MB
 from rollstream.sandbox.bwrap import delete_tree
-from tests.envs.test_swe import call, play, shipped
-from tests.helpers.sandbox_helpers import backend, needs_bwrap, sandbox_root
-from tests.sandbox.test_sandbox import _as_nobody
+from tests.helpers.sandbox_helpers import as_nobody, backend, needs_bwrap, sandbox_root
+from tests.helpers.swe_helpers import call, play, shipped
 
 __all__ = ["backend", "sandbox_root"]
 
@@ -95,7 +94,7 @@ asyncio.run(main())
 
 @needs_bwrap
 def test_a_non_root_owners_sandbox_has_a_disk_quota_too() -> None:
-    prefix = _as_nobody()
+    prefix = as_nobody()
     if prefix is None:
         pytest.skip("no Python that an unprivileged user may run (root-owned virtualenv)")
     root = Path(tempfile.mkdtemp(prefix="rollstream-nobody-"))  # open to the other user

@@ -19,7 +19,6 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from rollstream import kafka
 from rollstream.codec import codec
 from rollstream.config import Settings
-from rollstream.runtime import Output
 from rollstream.transaction import (
     FENCE_LIMIT,
     HUNG_S,
@@ -29,17 +28,11 @@ from rollstream.transaction import (
     Rewind,
     classify,
 )
-from tests.trainer_bridge.test_bridge import publish_groups
-from trainer_bridge.bridge import Batch, TrainerBridge
+from tests.helpers.bridge_helpers import publish_groups
+from tests.helpers.checkpoint_train_proc import trained
+from trainer_bridge.bridge import TrainerBridge
 
 TASKS = 150  # the three killed trainers commit a few dozen batches at most: most are left
-
-
-def trained(settings: Settings, batch: Batch, step: int) -> Output:
-    """What the 'trainer' commits for a batch: the episodes it learned from."""
-    ids = ",".join(sorted(s.episode_id for s in batch.samples))
-    return Output(settings.topics.policy, "policy", "PolicyVersion",
-                  {"version": step, "uri": ids, "created_at_ms": 0})
 
 
 def trained_episodes(settings: Settings) -> list[str]:
@@ -114,20 +107,11 @@ def test_a_fenced_trainer_cannot_commit_and_the_new_one_trains_each_batch_once(
     assert sorted(trained_episodes(settings)) == expected(8, 2)
 
 
-def work(bootstrap: str, prefix: str) -> None:
-    """A trainer process that commits one tiny batch after another, as fast as it can."""
-    settings = Settings(bootstrap_servers=bootstrap, prefix=prefix, instance_id="trainer-k")
-    with TrainerBridge(settings, groups_per_batch=1, transactional=True) as bridge:
-        for step, batch in enumerate(bridge.batches(idle_timeout_s=600)):
-            batch.ack([trained(settings, batch, step)])
-            print(step, flush=True)  # the test kills it once it has committed
-
-
 @pytest.mark.slow
 def test_a_trainer_killed_mid_commit_trains_each_batch_once(settings: Settings) -> None:
     publish_groups(settings, tasks=TASKS, group_size=2)
     cmd = [sys.executable, "-c",
-           "import sys; from tests.trainer_bridge.test_checkpoint import work; "
+           "import sys; from tests.helpers.checkpoint_train_proc import work; "
            "work(sys.argv[1], sys.argv[2])", settings.bootstrap_servers, settings.prefix]
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
     rng = random.Random(7)
