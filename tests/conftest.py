@@ -137,7 +137,8 @@ def bootstrap() -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def real_vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[vllm_server.RealVllm]:
-    """vLLM's CPU build serving the tiny local model (tests/vllm_server.py), one per session."""
+    """vLLM's CPU build serving the tiny local model (tests/helpers/vllm_server.py), one per
+    session."""
     reason = vllm_server.impossible()
     if reason is not None:
         pytest.skip(reason)

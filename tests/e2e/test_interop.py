@@ -1,6 +1,6 @@
 """Acceptance: a short pipeline run (INIT, RUN, EVAL, trainer) read and fed by other Avro
 implementations using only the .avsc files and the single-object encoding spec: Apache's Python
-library (tests/avro_reference.py) and the Java example (examples/java, Apache Avro's
+library (tests/helpers/avro_reference.py) and the Java example (examples/java, Apache Avro's
 BinaryMessageDecoder/Encoder and the Java Kafka client)."""
 
 from __future__ import annotations

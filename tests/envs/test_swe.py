@@ -1,6 +1,6 @@
 """The `swe` environment in-process on bwrap sandboxes: the shipped task set against its gold
 and empty patches, the scaffold against scripted tool-call sequences (malformed ones included),
-resume in another process, failure classes. No broker here: tests/test_swe_pipeline.py runs
+resume in another process, failure classes. No broker here: tests/envs/test_swe_pipeline.py runs
 the same through Kafka."""
 
 from __future__ import annotations

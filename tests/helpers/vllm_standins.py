@@ -18,7 +18,7 @@ source (read from the released wheels):
   "default", `POST /update_weight_version {"new_version": str}`, `GET /weight_info` →
   {"weight_version": label}, and `return_weight_versions: true` adds
   `choices[].weight_versions: [{"version", "start", "end"}]`.
-- 0.32 (checked against the real CPU build, tests/test_vllm_real.py): 0.33's control plane
+- 0.32 (checked against the real CPU build, tests/inference/test_vllm_real.py): 0.33's control plane
   (pause modes, `reload_weights(weights_path=...)`, the weight label routes) but no
   `choices[].weight_versions` on /v1/completions.
 """

@@ -28,7 +28,7 @@ def policy_event(version: int, uri: str, kind: str = "full") -> dict:
 def fake_vllm(calls: list[str], adapters: list[str]) -> web.Application:
     """vLLM in dev mode with runtime LoRA and the version middleware's endpoint, recording
     every call in order. Full-weight reloads per vLLM release
-    are tested against tests/vllm_standins.py (test_vllm_updates.py)."""
+    are tested against tests/helpers/vllm_standins.py (test_vllm_updates.py)."""
     app = web.Application()
 
     async def record(request: web.Request) -> web.Response:

@@ -1,5 +1,6 @@
-"""Weight updates against servers that behave like vLLM 0.12, 0.32 and 0.33 (tests/vllm_standins.py,
-from each release's source), and RUN riding out the update window without an infra failure."""
+"""Weight updates against servers that behave like vLLM 0.12, 0.32 and 0.33
+(tests/helpers/vllm_standins.py, from each release's source), and RUN riding out the update
+window without an infra failure."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """The event contracts against independent implementations: the Avro spec's fingerprint test
-vectors and Apache's reference library (tests/avro_reference.py), not our own codec's output."""
+vectors and Apache's reference library (tests/helpers/avro_reference.py), not our own codec's
+output."""
 
 from __future__ import annotations
 

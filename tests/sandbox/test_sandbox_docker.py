@@ -1,7 +1,7 @@
 """Docker sandboxes. With an engine: the same isolation checks as the bwrap suite, on a real
 container. Without one (skipped, with the reason), what the backend asks the engine for is
 still checked against a recording stand-in for the docker SDK client; the logic above the
-backend (scaffold, evaluation) is the same for both and runs on bwrap in tests/test_swe*.py."""
+backend (scaffold, evaluation) is the same for both and runs on bwrap in tests/envs/test_swe*.py."""
 
 from __future__ import annotations
 
