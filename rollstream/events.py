@@ -1,7 +1,7 @@
 """The pipeline's events as Python types: one TypedDict per Avro record of `schemas/*.avsc`, as
 the codec decodes it, and the record names as constants.
 
-The `.avsc` files stay the source of truth; tests/test_events.py checks every TypedDict here
+The `.avsc` files stay the source of truth; tests/runtime/test_events.py checks every TypedDict here
 against them field by field, so a schema change that is not mirrored here fails the suite.
 Token ids and logprobs are the packed bytes the schema holds (see `schemas/turn.avsc`).
 """

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Helm and what the suite validates the chart with (tests/test_helm_chart.py), all pinned:
+# Helm and what the suite validates the chart with (tests/deploy/test_helm_chart.py), all pinned:
 # - Helm, built from its Go module;
 # - the manifest validator (deploy/helm/validate): the real Kubernetes API types, and the API
 #   server's own schema validation and pruning for custom resources;

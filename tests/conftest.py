@@ -22,7 +22,7 @@ import pytest
 from rollstream.broker import local
 from rollstream.config import Settings, Topics, load
 from rollstream.topics import create_topics, delete_topics
-from tests import vllm_server
+from tests.helpers import vllm_server
 
 if TYPE_CHECKING:
     from testcontainers.core.container import DockerContainer
@@ -137,7 +137,8 @@ def bootstrap() -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def real_vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[vllm_server.RealVllm]:
-    """vLLM's CPU build serving the tiny local model (tests/vllm_server.py), one per session."""
+    """vLLM's CPU build serving the tiny local model (tests/helpers/vllm_server.py), one per
+    session."""
     reason = vllm_server.impossible()
     if reason is not None:
         pytest.skip(reason)

@@ -9,7 +9,7 @@ the workspace and statuses come from it (junit.py), so lines the code under test
 pass as results; other runners' logs go through their log parser. Resolved means every
 FAIL_TO_PASS and every PASS_TO_PASS test passes, by SWE-bench's rules (a skipped PASS_TO_PASS
 test is no regression; a listed id cut inside its parameters stands for the tests it begins),
-checked against its own grading in tests/test_swebench_contract.py; or, for tasks that give
+checked against its own grading in tests/envs/test_swebench_contract.py; or, for tasks that give
 expected statuses, every listed test has its expected status.
 
 What is still in reach: the agent's own source runs inside the test process, so it could

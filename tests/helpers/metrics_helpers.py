@@ -1,0 +1,50 @@
+"""Shared by the metrics and status tests: a pipeline whose processes serve /metrics, and its
+samples scraped over HTTP."""
+
+from __future__ import annotations
+
+import urllib.request
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from producers.publish import publish, validate_task
+from rollstream.config import Settings
+from rollstream.dev.processes import ProcessGroup, free_port, wait_http
+
+
+def scrape(port: int) -> dict[tuple[str, tuple], float]:
+    """Every sample of /metrics as {(name, sorted labels): value}."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def value(samples: dict, name: str, **labels: str) -> float:
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+TASKS, GROUP = 12, 2
+
+
+def start_pipeline(settings: Settings, procs: ProcessGroup, workdir: Path,
+                   ports: dict[str, int]) -> str:
+    """Policy server, INIT, RUN, EVAL and the trainer, each stage serving /metrics on its port
+    in `ports`; publishes TASKS tasks. Returns the policy server's URL."""
+    url = f"http://127.0.0.1:{free_port()}"
+    common = ["--bootstrap-servers", settings.bootstrap_servers, "--prefix", settings.prefix]
+    server = procs.start("policy", "serve-policy", "--port", url.rsplit(":", 1)[1])
+    for stage in ("init", "run", "eval"):
+        procs.start(stage, "stage", stage, *common, "--commit-interval-ms", "100",
+                    *(["--policy-url", url] if stage == "run" else []),
+                    "--metrics-port", str(ports[stage]))
+    procs.start("train", "train", *common, "--checkpoint-dir", str(workdir / "ckpt"),
+                "--groups-per-batch", "2", "--metrics-port", str(ports["train"]))
+    wait_http(f"{url}/health", proc=server, timeout=120)
+    publish(settings, [validate_task({
+        "task_id": f"a{i}", "env": "arithmetic", "prompt": f"{i % 5}+2=",
+        "data": {"answer": str(i % 5 + 2)}, "group_size": GROUP,
+        "sampling": {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "max_tokens": 4,
+                     "seed": i}}) for i in range(TASKS)])
+    return url

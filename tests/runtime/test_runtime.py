@@ -1,0 +1,89 @@
+"""The stage runtime on the real broker: exactly-once with out-of-order work, DLQ, restarts."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from confluent_kafka import TopicPartition
+
+from rollstream import kafka
+from rollstream.codec import codec
+from rollstream.config import Settings
+from rollstream.offsets import decode_done
+from rollstream.runtime import EventContext, Output, StageRuntime
+from tests.helpers.runtime_helpers import SlowEcho, policy_event, read_all, run_until
+
+
+def test_out_of_order_work_is_committed_exactly_once(settings: Settings) -> None:
+    # One partition so the hanging event 0 holds the watermark while later events finish.
+    producer = kafka.producer(settings)
+    for v in range(40):
+        kafka.produce(producer, settings.topics.policy, policy_event(v), key=str(v))
+    producer.flush()
+
+    first = StageRuntime(SlowEcho(settings), settings, drain_timeout_s=0.5)
+    run_until(first, lambda: first.stats["processed"] >= 39)
+
+    committed = kafka.consumer(settings, first.group).committed(
+        [TopicPartition(settings.topics.policy, 0)], timeout=10)[0]
+    assert committed.offset == 0  # event 0 never finished
+    assert decode_done(0, committed.metadata) == set(range(1, 40))
+    assert len(read_all(settings, settings.topics.trajectories, 4)) == 39
+
+    class FastEcho(SlowEcho):
+        async def handle(self, event: dict, ctx: EventContext) -> list[Output]:
+            return [Output(self.topics.trajectories, str(event["version"]), "PolicyVersion",
+                           event)]
+
+    second = StageRuntime(FastEcho(settings), settings)
+    run_until(second, lambda: second.stats["processed"] + second.stats["skipped"] >= 40)
+    assert second.stats["processed"] == 1 and second.stats["skipped"] == 39
+    keys = sorted(int(m.key()) for m in read_all(settings, settings.topics.trajectories, 4))
+    assert keys == list(range(40))  # each output exactly once
+
+
+def test_bad_events_go_to_the_dead_letter_topic_and_the_stage_keeps_going(
+        settings: Settings) -> None:
+    producer = kafka.producer(settings)
+    kafka.produce(producer, settings.topics.policy, b"not avro", key="a")
+    kafka.produce(producer, settings.topics.policy, codec().encode("Task", {
+        "task_id": "t", "env": "arithmetic", "prompt": "?"}), key="b")  # wrong record type
+    kafka.produce(producer, settings.topics.policy, policy_event(-1), key="c")  # invalid
+    kafka.produce(producer, settings.topics.policy, policy_event(5), key="d")
+    producer.flush()
+
+    runtime = StageRuntime(SlowEcho(settings), settings)
+    run_until(runtime, lambda: runtime.stats["processed"] >= 4)
+
+    letters = [codec().decode_as("DeadLetter", m.value())
+               for m in read_all(settings, settings.topics.dlq, 4)]
+    reasons = {dl["source_offset"]: dl["reason"] for dl in letters}
+    assert reasons[0].startswith("undecodable: not Avro")
+    assert "expected a PolicyVersion event, got Task" in reasons[1]
+    assert reasons[2] == "invalid: negative version"
+    assert all(dl["source_topic"] == settings.topics.policy for dl in letters)
+    by_offset = {dl["source_offset"]: dl for dl in letters}
+    assert by_offset[0]["value"] == b"not avro" and by_offset[0]["key"] == b"a"  # bytes kept
+    outputs = read_all(settings, settings.topics.trajectories, 4)
+    assert [m.key() for m in outputs] == [b"5"]
+
+
+def test_backpressure_bounds_in_flight_work(settings: Settings) -> None:
+    settings = replace(settings, max_in_flight=5)
+    producer = kafka.producer(settings)
+    for v in range(1, 200):
+        kafka.produce(producer, settings.topics.policy, policy_event(v), key=str(v))
+    producer.flush()
+    runtime = StageRuntime(SlowEcho(settings), settings)
+    peak = 0
+
+    original = runtime._reap
+
+    def reap_and_measure() -> None:
+        nonlocal peak
+        peak = max(peak, len(runtime._tasks))
+        original()
+
+    runtime._reap = reap_and_measure  # type: ignore[method-assign]
+    run_until(runtime, lambda: runtime.stats["processed"] >= 199)
+    assert 1 <= peak <= 5

@@ -1,0 +1,221 @@
+"""TRL fed by Rollstream: its real GRPOTrainer (rollout_func) trains the tiny local Qwen2 on the
+CPU from a job's scored topic, each step's weights committed as a PolicyVersion with the batch's
+offsets; killed with SIGKILL and restarted it loses no batch and trains none twice. TRL's
+AsyncGRPOTrainer trains from the same topic through the Rollstream rollout worker, with only its
+CUDA-only pieces replaced here (see `cpu_async_grpo`)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+from rollstream import kafka, policy_versions
+from rollstream.config import Settings
+from rollstream.dev import tiny_model
+from tests.helpers import vllm_server
+from tests.helpers.trainers_env import publish_scored, sampled_groups, subprocess_env, use_trainers
+from trainer_bridge.bridge import TrainerBridge
+
+use_trainers()
+pytestmark = pytest.mark.trainers
+
+GROUP = 4
+GROUPS_PER_STEP = 2
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> tiny_model.TinyModel:
+    return tiny_model.build(tmp_path_factory.mktemp("tiny") / "m")
+
+
+def committed(settings: Settings) -> list[dict]:
+    return policy_versions.newer(
+        kafka.read_partitions(settings, policy_versions.partitions(settings)))
+
+
+def test_grpo_trainer_trains_five_steps_from_the_scored_topic(
+        settings: Settings, tiny: tiny_model.TinyModel, tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    from trainer_bridge.adapters import trl_adapter
+
+    steps = 5
+    events = sampled_groups(tiny.model, steps * GROUPS_PER_STEP, GROUP)
+    publish_scored(settings, events)
+    rollouts = trl_adapter.train(settings, tiny.model, tmp_path / "ckpt", max_steps=steps,
+                                 groups_per_batch=GROUPS_PER_STEP, num_generations=GROUP,
+                                 use_cpu=True)
+    versions = committed(settings)
+    assert [v["version"] for v in versions] == [1, 2, 3, 4, 5]
+    assert len({v["step_id"] for v in versions}) == steps  # five different batches
+    base = load_file(str(tiny.model / "model.safetensors"))
+    last = load_file(str(Path(versions[-1]["uri"]) / "model.safetensors"))
+    assert any(not torch.equal(base[k], last[k]) for k in base)  # TRL's loss moved the weights
+    assert [e["version"] for e in rollouts.published] == [1, 2, 3, 4, 5]
+    with TrainerBridge(settings, 1) as again:  # every batch's offsets are committed
+        assert list(again.batches(idle_timeout_s=3)) == []
+
+
+@pytest.mark.slow
+def test_trainer_killed_mid_run_loses_no_batch_and_trains_none_twice(
+        settings: Settings, tiny: tiny_model.TinyModel, tmp_path: Path) -> None:
+    steps = 6
+    events = sampled_groups(tiny.model, steps * GROUPS_PER_STEP, GROUP, seed=1)
+    # A step takes a fraction of a second here: the trainer gets three steps' groups and one of
+    # the fourth's, so it is killed holding part of a batch, waiting for the rest.
+    first_part = (3 * GROUPS_PER_STEP + 1) * GROUP
+    publish_scored(settings, events[:first_part])
+    script = Path(__file__).parents[1] / "helpers" / "trl_train_proc.py"
+
+    def start(remaining: int) -> subprocess.Popen:
+        return subprocess.Popen(
+            [sys.executable, str(script), settings.bootstrap_servers, settings.prefix,
+             str(tiny.model), str(tmp_path / "ckpt"), str(remaining)],
+            env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    first = start(steps)
+    deadline = time.monotonic() + 240
+    while len(committed(settings)) < 3:
+        assert first.poll() is None, first.stdout.read()[-3000:]
+        assert time.monotonic() < deadline, "the trainer committed no three steps in 240 s"
+        time.sleep(0.5)
+    time.sleep(2)  # it holds the fourth step's first group meanwhile
+    first.send_signal(signal.SIGKILL)
+    first.wait(30)
+    done = len(committed(settings))
+    assert done == 3, "the trainer stepped on a partial batch"
+    publish_scored(settings, events[first_part:])
+    second = start(steps - done)
+    out, _ = second.communicate(timeout=300)
+    assert second.returncode == 0, out[-3000:]
+    versions = committed(settings)
+    assert [v["version"] for v in versions] == list(range(1, steps + 1))
+    # Each committed version trained a different batch, and together they are all the groups.
+    assert len({v["step_id"] for v in versions}) == steps
+    trained = sum(v["metrics"]["samples"] for v in versions)
+    assert trained == len(events)
+
+
+def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor,
+                     cu_k: torch.Tensor, max_q: int, max_k: int, softmax_scale: float | None = None,
+                     causal: bool = True, window_size: tuple[int, int] = (-1, -1),
+                     **_: object) -> torch.Tensor:
+    """FlashAttention's `flash_attn_varlen_func` in plain torch: each segment's queries (rows
+    cu_q[s]:cu_q[s+1] of q) attend to its keys (cu_k[s]:cu_k[s+1]), causal aligned bottom-right
+    as the kernel is (query i of Lq sees keys up to i + Lk - Lq), grouped-query heads shared."""
+    assert causal and window_size == (-1, -1), "the stand-in covers what the tiny model uses"
+    out = []
+    for s in range(len(cu_q) - 1):
+        qs, ks, vs = (x[c[s]:c[s + 1]].transpose(0, 1)
+                      for x, c in ((q, cu_q), (k, cu_k), (v, cu_k)))
+        ks, vs = (x.repeat_interleave(qs.shape[0] // x.shape[0], 0) for x in (ks, vs))
+        lq, lk = qs.shape[1], ks.shape[1]
+        mask = torch.ones(lq, lk, dtype=torch.bool).tril(lk - lq)
+        out.append(torch.nn.functional.scaled_dot_product_attention(
+            qs, ks, vs, attn_mask=mask, scale=softmax_scale).transpose(0, 1))
+    return torch.cat(out)
+
+
+@pytest.fixture
+def cpu_async_grpo(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What keeps TRL 1.16's AsyncGRPOTrainer off a CPU, replaced for this test only: the
+    FlashAttention-3 kernel its tree attention fetches from a model hub at run time (CUDA only)
+    by `varlen_attention`, TRL's own tree attention around it unchanged; and the peak-flops
+    lookup by `torch.cuda.get_device_name` by "unknown", the answer TRL gives for a device it
+    does not know (its MFU metrics are then left out)."""
+    from trl.experimental.async_grpo import async_grpo_trainer, packing
+
+    monkeypatch.setattr(packing, "_flash_attn",
+                        lambda: types.SimpleNamespace(flash_attn_varlen_func=varlen_attention))
+    monkeypatch.setattr(async_grpo_trainer, "get_peak_flops_per_device", lambda *_: None)
+
+
+def test_async_grpo_trainer_trains_through_the_rollout_worker(
+        settings: Settings, tiny: tiny_model.TinyModel, tmp_path: Path,
+        cpu_async_grpo: None) -> None:
+    from datasets import Dataset
+    from safetensors.torch import load_file
+    from transformers import AutoTokenizer
+    from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
+
+    from trainer_bridge.adapters import trl_adapter
+
+    steps, per_step = 3, GROUPS_PER_STEP * GROUP
+    # One batch more than it trains: the trainer's data loader fetches the next batch while it
+    # steps on this one, so it would wait for a fourth after its third step.
+    publish_scored(settings, sampled_groups(tiny.model, (steps + 1) * GROUPS_PER_STEP, GROUP,
+                                            seed=2))
+    weights = trl_adapter.SavedWeights(tmp_path / "weights")
+    args = AsyncGRPOConfig(
+        output_dir=str(tmp_path / "trl"), per_device_train_batch_size=per_step,
+        num_generations=GROUP, max_steps=steps, learning_rate=1e-3, weight_sync_steps=1,
+        token_budget=0, use_cpu=True, bf16=False, report_to=[], save_strategy="no",
+        logging_steps=1, heartbeat_stale_after_s=120)
+    with TrainerBridge(settings, GROUPS_PER_STEP, transactional=True) as bridge:
+        worker = trl_adapter.RolloutWorker(bridge, per_step, weights)
+        AsyncGRPOTrainer(
+            model=str(tiny.model), reward_funcs=trl_adapter.rollstream_reward, args=args,
+            # Only TRL's own worker reads prompts; this one's rollouts come from the scored topic.
+            train_dataset=Dataset.from_dict({"prompt": ["rollstream"] * per_step}),
+            processing_class=AutoTokenizer.from_pretrained(tiny.model), rollout_worker=worker,
+            weight_transfer=weights).train()
+    versions = committed(settings)
+    assert [v["version"] for v in versions] == [1, 2, 3]
+    assert [v["metrics"]["samples"] for v in versions] == [per_step] * steps
+    assert len({v["step_id"] for v in versions}) == steps  # three different batches
+    assert [v["version"] for v in worker.published] == [1, 2, 3]
+    # Each version names the weights TRL synced after that step, and TRL's loss moved them.
+    assert [v["uri"] for v in versions] == [
+        str(tmp_path / "weights" / f"weights-{n}.safetensors") for n in (2, 3, 4)]
+    start = load_file(str(tmp_path / "weights" / "weights-1.safetensors"))  # the cold sync
+    last = load_file(versions[-1]["uri"])
+    assert any(not torch.equal(start[k], last[k]) for k in start)
+    # The batch it fetched but never trained is not committed: the next trainer gets it.
+    with TrainerBridge(settings, GROUPS_PER_STEP) as again:
+        left = list(again.batches(idle_timeout_s=3))
+    assert [len(b.samples) for b in left] == [per_step]
+    assert left[0].step_id not in {v["step_id"] for v in versions}
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_trl_versions_are_served_by_real_vllm_and_recorded_on_the_turns_after(
+        settings: Settings, real_vllm: vllm_server.RealVllm, tmp_path: Path) -> None:
+    """The loop on vLLM's CPU build with TRL as its trainer: INIT, RUN, EVAL and the controller
+    as processes, GRPOTrainer in this process training from the scored topic. The tiny model's
+    random weights score about 0 on copy_letter, so zero-variance groups are trained too."""
+    from producers.publish import publish
+    from rollstream.dev.loop import ClosedLoop, LoopConfig
+    from trainer_bridge.adapters import trl_adapter
+    from trainer_bridge.groups import GroupPolicy
+
+    steps, model = 5, real_vllm.model.model
+    loop = ClosedLoop(settings, tmp_path, LoopConfig(tasks=32, group_size=GROUP, hf_model=model,
+                                                     trainer=False))
+    loop.start(policy_url=real_vllm.url)  # serves the starting weights as version 0
+    try:
+        publish(settings, loop.tasks())
+        rollouts = trl_adapter.train(
+            settings, model, tmp_path / "ckpt", max_steps=steps,
+            groups_per_batch=GROUPS_PER_STEP, num_generations=GROUP, use_cpu=True,
+            policy=GroupPolicy(drop_zero_variance=False), idle_timeout_s=300)
+        for progress in loop.follow(deadline=time.time() + 300):
+            if {t["policy_version"] for s in progress.scored
+                    for t in s["trajectory"]["turns"]} & set(range(1, steps + 1)):
+                break
+    finally:
+        loop.stop()
+    versions = committed(settings)
+    assert [v["version"] for v in versions] == list(range(1, steps + 1))
+    assert [e["version"] for e in rollouts.published] == list(range(1, steps + 1))
+    # Turns sampled after an update record the version vLLM served: TRL's weights, applied by
+    # the controller; none records a version nobody published.
+    recorded = {t["policy_version"] for s in progress.scored for t in s["trajectory"]["turns"]}
+    assert recorded <= set(range(steps + 1)) and max(recorded) >= 1
