@@ -13,8 +13,9 @@ start and end.
    turns completed while all three had input waiting (target: within 5 points of 25/50/25).
    The third job is kept `TOP_UP` episodes ahead of what it finished.
 2. **Idle**: in the same run, the third job's input runs dry; the other two take its slots.
-   Utilisation from then on: episodes in flight / slots, sampled every `SAMPLE_S` (target
-   ≥ 0.95), and from the log: episode-seconds / (slots × seconds).
+   Utilisation from its last episode's end on: episodes in flight / slots, sampled every
+   `SAMPLE_S` (target ≥ 0.95), and from the log: episode-seconds / (slots × seconds). The
+   baseline: one backlogged job alone on the same fleet and server.
 3. **Flood**: two jobs publish at a steady rate (`PACED_PER_S` each), first alone, then while a
    third job floods the fleet with 10x their tasks; their p50 episode latency (publish → end)
    during the flood against alone (target ≤ 1.2x).
@@ -233,6 +234,10 @@ def weights_and_idle(base: Settings, weighted_s: float, idle_s: float) -> dict[s
                     await asyncio.to_thread(cluster.publish, idle_job, TOP_UP)
                 await asyncio.sleep(0.2)
             marks["dry"] = time.time()
+            idle = fleet.served[idle_job].runtime
+            while idle.in_flight or idle.stats["processed"] < cluster.published[idle_job]:
+                await asyncio.sleep(0.1)
+            marks["idle"] = time.time()
             await asyncio.sleep(idle_s)
 
         asyncio.run(cluster.serve(scenario))
@@ -252,8 +257,8 @@ def weights_and_idle(base: Settings, weighted_s: float, idle_s: float) -> dict[s
     targets = {n: round(100 * WEIGHTS[n] / total, 2) for n in WEIGHTS}
     worst = max(abs(shares[n] - targets[n]) for n in WEIGHTS)
     # Phase 2: from the idle job's last episode's end to the end of the run.
-    i_start_ms = max(e.finished_ms for e in idle_eps)
-    i_end_ms = min(ended * 1000, max(e.finished_ms for e in found)) - 1000
+    i_start_ms = marks["idle"] * 1000
+    i_end_ms = ended * 1000 - 1000  # the fleet's stop is left out
     busy = [e for e in found if e.job != idle_job]
     others = {n: sum(e.turns for e in busy if e.job == n and i_start_ms <= e.finished_ms
                      <= i_end_ms) for n in WEIGHTS if n != idle_job}
@@ -274,6 +279,32 @@ def weights_and_idle(base: Settings, weighted_s: float, idle_s: float) -> dict[s
                                                                i_end_ms), 4),
                  "met": sampled >= TARGET_UTILISATION},
     }
+
+
+def one_job(base: Settings, seconds: float) -> dict[str, Any]:
+    """The baseline of 2: one backlogged job alone on the fleet, its utilisation."""
+    cluster = Cluster(base, servers=1)
+    marks: dict[str, float] = {}
+    try:
+        cluster.create("solo")
+        cluster.publish("solo", int(capacity_per_s() * seconds * 1.5))
+
+        async def scenario(fleet: Fleet) -> None:
+            await until_served(fleet, {"solo"})
+            while not fleet.served["solo"].runtime.stats["processed"]:
+                await asyncio.sleep(0.1)
+            marks["start"] = time.time()
+            await asyncio.sleep(seconds)
+            marks["end"] = time.time()
+
+        asyncio.run(cluster.serve(scenario))
+        found = cluster.episodes()
+    finally:
+        cluster.close()
+    return {"seconds": round(marks["end"] - marks["start"], 1),
+            "utilisation_sampled": round(cluster.utilisation(marks["start"], marks["end"]), 4),
+            "utilisation_from_log": round(log_utilisation(
+                found, SLOTS, marks["start"] * 1000, marks["end"] * 1000), 4)}
 
 
 # -- 3: one job floods ---------------------------------------------------------------------
@@ -366,6 +397,7 @@ def run(quick: bool = False) -> dict[str, Any]:
     scale = QUICK if quick else 1
     base = load(bootstrap_servers=local.resolve_bootstrap())
     weighted = weights_and_idle(base, WEIGHTED_S / scale, IDLE_S / scale)
+    alone = one_job(base, IDLE_S / scale)
     flooded = flood(base, PACED_S / scale)
     shared = bursty(base, shared=True, seconds=BURSTY_S / scale)
     dedicated = bursty(base, shared=False, seconds=BURSTY_S / scale)
@@ -388,6 +420,9 @@ def run(quick: bool = False) -> dict[str, Any]:
                   f"≥ {TARGET_UTILISATION}"],
                  ["  the same from 2 s after it went idle", i["utilisation_sampled_after_2s"], ""],
                  ["utilisation from the log", i["utilisation_from_log"], ""],
+                 ["baseline: one job alone (in flight / slots)", alone["utilisation_sampled"],
+                  ""],
+                 ["baseline: one job alone, from the log", alone["utilisation_from_log"], ""],
                  *[[f"turns of {n}", t, ""] for n, t in i["turns_of_the_others"].items()]])
     print_table("one job floods (10x): the others' p50 episode latency",
                 ["alone ms", "flooded ms", "ratio", "target"],
@@ -408,7 +443,7 @@ def run(quick: bool = False) -> dict[str, Any]:
                   "measured_from": "the jobs' committed trajectories (publish, start, end); "
                                    "utilisation also sampled from the fleet every "
                                    f"{SAMPLE_S} s"},
-        "weights_and_idle": weighted, "flood": flooded,
+        "weights_and_idle": weighted, "one_job_alone": alone, "flood": flooded,
         "bursty": {"batch": BATCH, "train_s": TRAIN_S, "seconds": BURSTY_S / scale, **sharing},
         "target": {"share_points": TARGET_SHARE_POINTS, "utilisation": TARGET_UTILISATION,
                    "latency_ratio": TARGET_LATENCY_RATIO, "met": met},
