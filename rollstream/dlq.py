@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import KafkaError, KafkaException
 
 from rollstream import kafka
 from rollstream.codec import DecodeError, codec
@@ -44,19 +44,9 @@ def ledger_topic(settings: Settings) -> str:
     return settings.topics.dlq_redriven
 
 
-def _partitions(settings: Settings, topic: str) -> list[TopicPartition] | None:
-    """Every partition of `topic` from its beginning; None if the topic does not exist."""
-    from confluent_kafka.admin import AdminClient
-
-    meta = AdminClient(settings.kafka()).list_topics(topic, timeout=30).topics.get(topic)
-    if meta is None or meta.error is not None:
-        return None
-    return [TopicPartition(topic, p, OFFSET_BEGINNING) for p in sorted(meta.partitions)]
-
-
 def dead_letters(settings: Settings) -> Iterator[DeadLetter]:
     """Every dead letter on <p>.dlq (committed ones), oldest first per partition."""
-    partitions = _partitions(settings, settings.topics.dlq)
+    partitions = kafka.whole_topic(settings, settings.topics.dlq)
     if partitions is None:
         raise SystemExit(f"topic {settings.topics.dlq} does not exist (rollstream topics create)")
     for msg in kafka.read_partitions(settings, partitions):
@@ -116,7 +106,7 @@ def ensure_ledger(settings: Settings) -> None:
 
 def redriven(settings: Settings) -> set[str]:
     """Coordinates on <p>.dlq already sent back (committed ledger entries)."""
-    ledger = _partitions(settings, ledger_topic(settings))
+    ledger = kafka.whole_topic(settings, ledger_topic(settings))
     if ledger is None:
         return set()  # nothing was ever redriven
     return {msg.key().decode() for msg in kafka.read_partitions(settings, ledger)}

@@ -146,6 +146,16 @@ def reader(settings: Settings, partitions: list[TopicPartition], **extra: Any) -
     return c
 
 
+def whole_topic(settings: Settings, topic: str) -> list[TopicPartition] | None:
+    """Every partition of `topic` from its beginning; None if the topic does not exist."""
+    from confluent_kafka.admin import AdminClient
+
+    meta = AdminClient(settings.kafka()).list_topics(topic, timeout=30).topics.get(topic)
+    if meta is None or meta.error is not None:
+        return None
+    return [TopicPartition(topic, p, OFFSET_BEGINNING) for p in sorted(meta.partitions)]
+
+
 # How long a read waits, once it has what is readable, for records below the end it set out to
 # reach: a commit returns before its markers are on every partition (milliseconds), and a live
 # writer's open transaction commits within its commit interval. A killed writer's transaction is

@@ -9,7 +9,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from rollstream import config, jobs
+from rollstream import config, jobs, usage
 from rollstream.cli import common
 from rollstream.config import Settings
 from rollstream.events import Job
@@ -168,6 +168,25 @@ def _delete(args: argparse.Namespace) -> int:
     return 0
 
 
+def _usage(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    found = jobs.current(settings)
+    if args.job is not None:
+        found = {args.job: jobs.get(settings, args.job)}
+    try:
+        since = usage.parse_since(args.since) if args.since else 0
+    except ValueError as exc:
+        raise jobs.JobError(str(exc)) from None
+    rows = usage.usage(settings, found.values(), since)
+    if args.json:
+        print(json.dumps([row.as_json() for row in rows], indent=2))
+    elif rows:
+        print(usage.table(rows))
+    else:
+        print("no usage recorded" + (f" since {args.since}" if args.since else ""))
+    return 0
+
+
 def _checked(func: Any) -> Any:
     """A bad job or file ends the command with its reason, not a traceback."""
     def run(args: argparse.Namespace) -> int:
@@ -218,6 +237,17 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     for name, (_, sources, what) in TRANSITIONS.items():
         command(name, _transition, what, f"{what[0].upper()}{what[1:]} (a job that is "
                 f"{' or '.join(sources)}).")
+    usage_cmd = command(
+        "usage", _usage, "per job and hour: episodes, turns, sampled tokens, failure classes, "
+        "dead letters",
+        "Each job's usage per UTC hour, read from its committed records (exact after a crash): "
+        "episodes, agent turns, sampled tokens and failure classes from <job prefix>.scored, "
+        "dead letters from <job prefix>.dlq. See docs/jobs.md#usage.", takes_name=False)
+    usage_cmd.add_argument("--job", metavar="NAME", help="one job only (default: every job)")
+    usage_cmd.add_argument("--since", metavar="WHEN",
+                           help="from then on: a time ago (90m, 6h, 2d) or an ISO date/time, "
+                                "UTC unless it says (default: everything)")
+    usage_cmd.add_argument("--json", action="store_true", help="print the rows as JSON")
     command("delete", _delete, "delete a paused, cancelled or finished job's record",
             "Write the job's tombstone; its topics and their data are kept (delete them with "
             "your cluster's tools once no trainer needs them).")

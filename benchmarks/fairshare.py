@@ -1,0 +1,457 @@
+"""Jobs on one shared fleet: weighted fair share of the inference servers' slots, measured from
+the log, in one run on the real broker.
+
+A RUN fleet (rollstream.fleet, in this process, as `rollstream fleet run` builds it) serves the
+jobs of a fresh cluster prefix against simulated servers (rollstream.dev.simulated) that answer
+every turn after a fixed delay (`TOKENS` decode steps of `STEP_S`, whatever the concurrency), up
+to `SLOTS` episodes per server. Episodes (one `arithmetic` turn each) go straight to each job's
+episodes topic, stamped with their publish time (INIT is not what this measures). Everything is
+read back from the jobs' trajectories topics (committed records): each episode's publish time,
+start and end.
+
+1. **Weights**: three backlogged jobs weighted 1:2:1 on one server; each job's share of the
+   turns completed while all three had input waiting (target: within 5 points of 25/50/25).
+   The third job is kept `TOP_UP` episodes ahead of what it finished.
+2. **Idle**: in the same run, the third job's input runs dry; the other two take its slots.
+   Utilisation from its last episode's end on: episodes in flight / slots, sampled every
+   `SAMPLE_S` (target ≥ 0.95), and from the log: episode-seconds / (slots × seconds). The
+   baseline: one backlogged job alone on the same fleet and server.
+3. **Flood**: two jobs publish at a steady rate (`PACED_PER_S` each), first alone, then while a
+   third job floods the fleet with 10x their tasks; their p50 episode latency (publish → end)
+   during the flood against alone (target ≤ 1.2x).
+4. **Bursty, shared vs dedicated**: two jobs, each a training loop (a batch of `BATCH`
+   episodes, wait for all, `TRAIN_S` of training, again) for `BURSTY_S`, on two servers: one
+   shared fleet (both jobs on both servers, fair share) against the same servers split, one per
+   job (each job its own server, `policy_urls`). Utilisation and episodes/s of both, and their
+   ratio.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from benchmarks import print_table, write_result
+from producers.publish import validate_task
+from rollstream import jobs, kafka
+from rollstream.broker import local
+from rollstream.codec import codec
+from rollstream.config import Settings, load
+from rollstream.dev.simulated import SimulatedServer
+from rollstream.events import Job
+from rollstream.fleet import Fleet
+from rollstream.inference.routing import Router
+from rollstream.runtime import Stage
+from rollstream.topics import create_topics, delete_topics
+from stages.run import RunStage
+
+NAME = "fairshare"
+PARTITIONS = 2
+SLOTS = 8  # episodes per server at once (server_max_in_flight)
+STEP_S = 0.1
+TOKENS = 4  # a turn: 3 digits and the stop token, 0.4 s at any concurrency
+SAMPLE_S = 0.1
+# 1-2: weights 1:2:1, all backlogged for WEIGHTED_S, then the third job's input runs dry.
+WEIGHTS = {"w1a": 1.0, "w2": 2.0, "w1b": 1.0}
+WEIGHTED_S = 15.0
+IDLE_S = 15.0
+TOP_UP = 16
+# 3: two paced jobs, alone then under a flood of 10x their tasks.
+PACED_PER_S = 2.5
+PACED_S = 15.0
+FLOOD_X = 10
+# 4: two training loops.
+BATCH = 48
+TRAIN_S = 2.0
+BURSTY_S = 20.0
+QUICK = 3  # --quick: every phase this many times shorter
+
+TARGET_SHARE_POINTS = 5.0
+TARGET_UTILISATION = 0.95
+TARGET_LATENCY_RATIO = 1.2
+
+
+def capacity_per_s(servers: int = 1) -> float:
+    return servers * SLOTS / (STEP_S * TOKENS)
+
+
+def script(prompt_ids: list[int], body: dict[str, Any]) -> tuple[list[int], str]:
+    return [ord("1")] * (TOKENS - 1) + list(body["stop_token_ids"][:1]), "1" * (TOKENS - 1)
+
+
+@dataclass
+class Episode:
+    job: str
+    published_ms: int
+    started_ms: int
+    finished_ms: int
+    turns: int
+
+
+@dataclass
+class Cluster:
+    """A fresh cluster prefix, its jobs and a RUN fleet serving them on `servers`."""
+    base: Settings
+    servers: int
+    settings: Settings = field(init=False)
+    made: dict[str, Job] = field(default_factory=dict)
+    samples: list[tuple[float, float]] = field(default_factory=list)  # (time, in flight/slots)
+    published: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.settings = load(bootstrap_servers=self.base.bootstrap_servers,
+                             prefix=f"fair{uuid.uuid4().hex[:8]}", partitions=PARTITIONS)
+        create_topics(self.settings.bootstrap_servers, self.settings.prefix, PARTITIONS,
+                      specs=jobs.CLUSTER_TOPICS)
+
+    def create(self, name: str, **fields: Any) -> Settings:
+        job = jobs.new_job(name, self.settings.prefix, **fields)
+        create_topics(self.settings.bootstrap_servers, job["prefix"], PARTITIONS,
+                      specs=jobs.JOB_TOPICS)
+        jobs.put(self.settings, job)
+        self.made[name] = job
+        self.published[name] = 0
+        return jobs.job_settings(self.settings, job)
+
+    def publish(self, name: str, count: int) -> None:
+        """`count` episodes of job `name`, stamped now."""
+        own = jobs.job_settings(self.settings, self.made[name])
+        producer = kafka.producer(own)
+        now = int(time.time() * 1000)
+        first = self.published[name]
+        for i in range(first, first + count):
+            task = validate_task({"task_id": f"{name}-{i}", "env": "arithmetic",
+                                  "prompt": "1+1=", "data": {"answer": "2"}, "group_size": 1,
+                                  "max_turns": 1})
+            task["created_at_ms"] = now
+            episode_id = f"{task['task_id']}#0"
+            kafka.produce(producer, own.topics.episodes, codec().encode("Episode", {
+                "episode_id": episode_id, "task": task, "sample_index": 0,
+                "created_at_ms": now}), key=episode_id)
+        producer.flush(60)
+        self.published[name] += count
+
+    def episodes(self) -> list[Episode]:
+        """Every job's finished episodes, from its committed trajectories."""
+        found = []
+        for name, job in self.made.items():
+            own = jobs.job_settings(self.settings, job)
+            parts = kafka.whole_topic(own, own.topics.trajectories) or []
+            for msg in kafka.read_partitions(own, parts):
+                t = codec().decode_as("Trajectory", msg.value())
+                found.append(Episode(name, t["task"]["created_at_ms"], t["started_at_ms"],
+                                     t["finished_at_ms"], len(t["turns"])))
+        return found
+
+    def utilisation(self, start: float, end: float) -> float:
+        window = [u for t, u in self.samples if start <= t <= end]
+        return statistics.fmean(window) if window else 0.0
+
+    async def serve(self, scenario: Callable[[Fleet], Any]) -> None:
+        """Run the fleet on fresh servers while `scenario(fleet)` runs."""
+        servers = [SimulatedServer(script=script, step_s=lambda running: STEP_S,
+                                   max_num_seqs=SLOTS) for _ in range(self.servers)]
+        urls = [await s.start() for s in servers]
+        run_settings = replace(self.settings, policy_url=",".join(urls),
+                               server_max_in_flight=SLOTS, health_interval_s=0.5)
+        router = Router(urls, max_episodes=SLOTS, health_interval_s=0.5)
+        await router.start()
+
+        def make_stage(s: Settings, job: Job, share: Callable[[], int]) -> Stage:
+            if job["policy_urls"]:  # a dedicated server: its own router
+                return RunStage(s)
+            return RunStage(s, router=router, share=share)
+
+        fleet = Fleet(run_settings, make_stage, drain_timeout_s=5, slots=router.slots)
+        served = asyncio.create_task(fleet.serve())
+
+        async def sample() -> None:
+            while True:
+                running = sum(s.runtime.in_flight for s in fleet.served.values())
+                self.samples.append((time.time(), running / (SLOTS * self.servers)))
+                await asyncio.sleep(SAMPLE_S)
+
+        sampler = asyncio.create_task(sample())
+        try:
+            await scenario(fleet)
+        finally:
+            sampler.cancel()
+            fleet.stop()
+            await served
+            await router.close()
+            for server in servers:
+                await server.stop()
+
+    def close(self) -> None:
+        for job in self.made.values():
+            delete_topics(self.settings.bootstrap_servers, job["prefix"])
+        delete_topics(self.settings.bootstrap_servers, self.settings.prefix)
+
+
+async def until_served(fleet: Fleet, names: set[str], timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not names <= set(fleet.served):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the fleet did not start jobs {sorted(names - set(fleet.served))}")
+        await asyncio.sleep(0.2)
+
+
+def log_utilisation(episodes: list[Episode], slots: int, start_ms: float, end_ms: float) -> float:
+    """Episode-seconds inside [start, end] over the slots' seconds: from the log alone."""
+    busy = sum(max(0.0, min(e.finished_ms, end_ms) - max(e.started_ms, start_ms))
+               for e in episodes)
+    return busy / (slots * (end_ms - start_ms)) if end_ms > start_ms else 0.0
+
+
+# -- 1 and 2: weights, then one job idle ---------------------------------------------------
+
+def weights_and_idle(base: Settings, weighted_s: float, idle_s: float) -> dict[str, Any]:
+    cluster = Cluster(base, servers=1)
+    idle_job = list(WEIGHTS)[-1]
+    marks: dict[str, float] = {}
+    # The others' backlogs outlast both phases, even at the servers' full rate.
+    backlog = int(capacity_per_s() * (weighted_s + idle_s) * 1.5)
+    try:
+        for name, weight in WEIGHTS.items():
+            cluster.create(name, weight=weight)
+            if name != idle_job:
+                cluster.publish(name, backlog)
+        started = time.time()
+
+        async def scenario(fleet: Fleet) -> None:
+            await until_served(fleet, set(WEIGHTS))
+            # The idle job is kept backlogged (TOP_UP episodes waiting or more) for weighted_s,
+            # then left to run dry.
+            end = time.time() + weighted_s
+            while time.time() < end:
+                done = fleet.served[idle_job].runtime.stats["processed"]
+                if cluster.published[idle_job] - done < TOP_UP:
+                    await asyncio.to_thread(cluster.publish, idle_job, TOP_UP)
+                await asyncio.sleep(0.2)
+            marks["dry"] = time.time()
+            idle = fleet.served[idle_job].runtime
+            while idle.in_flight or idle.stats["processed"] < cluster.published[idle_job]:
+                await asyncio.sleep(0.1)
+            marks["idle"] = time.time()
+            await asyncio.sleep(idle_s)
+
+        asyncio.run(cluster.serve(scenario))
+        ended = time.time()
+        found = cluster.episodes()
+    finally:
+        cluster.close()
+    total = sum(WEIGHTS.values())
+    # Phase 1: from the moment every job has finished an episode (all have started) to the
+    # last top-up of the idle job (it had input waiting until then).
+    firsts = [min(e.finished_ms for e in found if e.job == n) for n in WEIGHTS]
+    idle_eps = [e for e in found if e.job == idle_job]
+    w_start, w_end = max(firsts), marks["dry"] * 1000
+    turns = {n: sum(e.turns for e in found if e.job == n and w_start <= e.finished_ms <= w_end)
+             for n in WEIGHTS}
+    shares = {n: round(100 * turns[n] / max(1, sum(turns.values())), 2) for n in WEIGHTS}
+    targets = {n: round(100 * WEIGHTS[n] / total, 2) for n in WEIGHTS}
+    worst = max(abs(shares[n] - targets[n]) for n in WEIGHTS)
+    # Phase 2: from the idle job's last episode's end to the end of the run.
+    i_start_ms = marks["idle"] * 1000
+    i_end_ms = ended * 1000 - 1000  # the fleet's stop is left out
+    busy = [e for e in found if e.job != idle_job]
+    others = {n: sum(e.turns for e in busy if e.job == n and i_start_ms <= e.finished_ms
+                     <= i_end_ms) for n in WEIGHTS if n != idle_job}
+    sampled = cluster.utilisation(i_start_ms / 1000, i_end_ms / 1000)
+    after_settle = cluster.utilisation(i_start_ms / 1000 + 2.0, i_end_ms / 1000)
+    return {
+        "weights": WEIGHTS, "backlog": backlog, "idle_job_published": len(idle_eps),
+        "run_s": round(ended - started, 1),
+        "weighted": {"window_s": round((w_end - w_start) / 1000, 1), "turns": turns,
+                     "share_percent": shares, "target_percent": targets,
+                     "worst_deviation_points": round(worst, 2),
+                     "met": worst <= TARGET_SHARE_POINTS},
+        "idle": {"idle_job": idle_job, "window_s": round((i_end_ms - i_start_ms) / 1000, 1),
+                 "turns_of_the_others": others,
+                 "utilisation_sampled": round(sampled, 4),
+                 "utilisation_sampled_after_2s": round(after_settle, 4),
+                 "utilisation_from_log": round(log_utilisation(found, SLOTS, i_start_ms,
+                                                               i_end_ms), 4),
+                 "met": sampled >= TARGET_UTILISATION},
+    }
+
+
+def one_job(base: Settings, seconds: float) -> dict[str, Any]:
+    """The baseline of 2: one backlogged job alone on the fleet, its utilisation."""
+    cluster = Cluster(base, servers=1)
+    marks: dict[str, float] = {}
+    try:
+        cluster.create("solo")
+        cluster.publish("solo", int(capacity_per_s() * seconds * 1.5))
+
+        async def scenario(fleet: Fleet) -> None:
+            await until_served(fleet, {"solo"})
+            while not fleet.served["solo"].runtime.stats["processed"]:
+                await asyncio.sleep(0.1)
+            marks["start"] = time.time()
+            await asyncio.sleep(seconds)
+            marks["end"] = time.time()
+
+        asyncio.run(cluster.serve(scenario))
+        found = cluster.episodes()
+    finally:
+        cluster.close()
+    return {"seconds": round(marks["end"] - marks["start"], 1),
+            "utilisation_sampled": round(cluster.utilisation(marks["start"], marks["end"]), 4),
+            "utilisation_from_log": round(log_utilisation(
+                found, SLOTS, marks["start"] * 1000, marks["end"] * 1000), 4)}
+
+
+# -- 3: one job floods ---------------------------------------------------------------------
+
+def flood(base: Settings, paced_s: float) -> dict[str, Any]:
+    cluster = Cluster(base, servers=1)
+    paced = ["p1", "p2"]
+    marks: dict[str, float] = {}
+    flood_tasks = int(paced_s * PACED_PER_S) * FLOOD_X
+    try:
+        for name in [*paced, "flood"]:
+            cluster.create(name)
+
+        async def pace(seconds: float) -> None:
+            for _ in range(int(seconds * PACED_PER_S)):
+                for name in paced:
+                    await asyncio.to_thread(cluster.publish, name, 1)
+                await asyncio.sleep(1 / PACED_PER_S)
+
+        async def scenario(fleet: Fleet) -> None:
+            await until_served(fleet, {*paced, "flood"})
+            marks["alone"] = time.time()
+            await pace(paced_s)
+            marks["flood"] = time.time()
+            await asyncio.to_thread(cluster.publish, "flood", flood_tasks)
+            await pace(paced_s)
+            marks["end"] = time.time()
+            await asyncio.sleep(3)  # the last paced episodes finish
+
+        asyncio.run(cluster.serve(scenario))
+        found = cluster.episodes()
+    finally:
+        cluster.close()
+
+    def p50(start: float, end: float) -> float:
+        latencies = [e.finished_ms - e.published_ms for e in found
+                     if e.job in paced and start * 1000 <= e.published_ms < end * 1000]
+        return statistics.median(latencies) if latencies else float("nan")
+
+    alone = p50(marks["alone"], marks["flood"])
+    flooded = p50(marks["flood"], marks["end"])
+    ratio = flooded / alone
+    flood_done = sum(1 for e in found if e.job == "flood")
+    return {"paced_per_s_each": PACED_PER_S, "seconds_each": paced_s, "flood_tasks": flood_tasks,
+            "flood_episodes_finished": flood_done,
+            "p50_latency_ms_alone": round(alone, 1), "p50_latency_ms_flooded": round(flooded, 1),
+            "ratio": round(ratio, 3), "met": ratio <= TARGET_LATENCY_RATIO}
+
+
+# -- 4: bursty jobs, one shared fleet vs dedicated servers -----------------------------------
+
+def bursty(base: Settings, shared: bool, seconds: float) -> dict[str, Any]:
+    cluster = Cluster(base, servers=2)
+    names = ["x", "y"]
+    marks: dict[str, float] = {}
+    try:
+        async def scenario(fleet: Fleet) -> None:
+            urls = fleet.settings.policy_urls()
+            for i, name in enumerate(names):
+                fields = {} if shared else {"policy_urls": [urls[i]]}
+                cluster.create(name, **fields)
+            await until_served(fleet, set(names))
+            marks["start"] = time.time()
+
+            async def training_loop(name: str) -> None:
+                while time.time() - marks["start"] < seconds:
+                    before = fleet.served[name].runtime.stats["processed"]
+                    await asyncio.to_thread(cluster.publish, name, BATCH)
+                    while fleet.served[name].runtime.stats["processed"] < before + BATCH:
+                        await asyncio.sleep(0.05)
+                    await asyncio.sleep(TRAIN_S)
+
+            await asyncio.gather(*(training_loop(n) for n in names))
+            marks["end"] = time.time()
+
+        asyncio.run(cluster.serve(scenario))
+        found = cluster.episodes()
+    finally:
+        cluster.close()
+    elapsed = marks["end"] - marks["start"]
+    slots = SLOTS * 2
+    return {"layout": "shared" if shared else "dedicated", "episodes": len(found),
+            "seconds": round(elapsed, 2), "episodes_per_s": round(len(found) / elapsed, 3),
+            "utilisation_sampled": round(cluster.utilisation(marks["start"], marks["end"]), 4),
+            "utilisation_from_log": round(log_utilisation(
+                found, slots, marks["start"] * 1000, marks["end"] * 1000), 4)}
+
+
+def run(quick: bool = False) -> dict[str, Any]:
+    scale = QUICK if quick else 1
+    base = load(bootstrap_servers=local.resolve_bootstrap())
+    weighted = weights_and_idle(base, WEIGHTED_S / scale, IDLE_S / scale)
+    alone = one_job(base, IDLE_S / scale)
+    flooded = flood(base, PACED_S / scale)
+    shared = bursty(base, shared=True, seconds=BURSTY_S / scale)
+    dedicated = bursty(base, shared=False, seconds=BURSTY_S / scale)
+    sharing = {"shared": shared, "dedicated": dedicated,
+               "episodes_per_s_ratio": round(shared["episodes_per_s"]
+                                             / dedicated["episodes_per_s"], 3),
+               "utilisation_ratio": round(shared["utilisation_sampled"]
+                                          / max(1e-9, dedicated["utilisation_sampled"]), 3)}
+
+    w, i = weighted["weighted"], weighted["idle"]
+    print_table("weights 1:2:1, backlogged: share of completed turns (%)",
+                ["job", "weight", "turns", "share %", "target %"],
+                [[n, WEIGHTS[n], w["turns"][n], w["share_percent"][n], w["target_percent"][n]]
+                 for n in WEIGHTS])
+    print(f"  worst deviation {w['worst_deviation_points']} points (target ≤ "
+          f"{TARGET_SHARE_POINTS}): {'met' if w['met'] else 'MISSED'}")
+    print_table("one job idle: the others take its slots",
+                ["measure", "value", "target"],
+                [["utilisation (in flight / slots)", i["utilisation_sampled"],
+                  f"≥ {TARGET_UTILISATION}"],
+                 ["  the same from 2 s after it went idle", i["utilisation_sampled_after_2s"], ""],
+                 ["utilisation from the log", i["utilisation_from_log"], ""],
+                 ["baseline: one job alone (in flight / slots)", alone["utilisation_sampled"],
+                  ""],
+                 ["baseline: one job alone, from the log", alone["utilisation_from_log"], ""],
+                 *[[f"turns of {n}", t, ""] for n, t in i["turns_of_the_others"].items()]])
+    print_table("one job floods (10x): the others' p50 episode latency",
+                ["alone ms", "flooded ms", "ratio", "target"],
+                [[flooded["p50_latency_ms_alone"], flooded["p50_latency_ms_flooded"],
+                  flooded["ratio"], f"≤ {TARGET_LATENCY_RATIO}"]])
+    print_table("two bursty jobs: one shared fleet vs dedicated servers",
+                ["layout", "episodes/s", "utilisation", "from the log"],
+                [[r["layout"], r["episodes_per_s"], r["utilisation_sampled"],
+                  r["utilisation_from_log"]] for r in (shared, dedicated)])
+    print(f"  shared / dedicated: episodes/s x{sharing['episodes_per_s_ratio']}, utilisation "
+          f"x{sharing['utilisation_ratio']}")
+
+    met = w["met"] and i["met"] and flooded["met"]
+    doc = {
+        "quick": quick,
+        "setup": {"slots_per_server": SLOTS, "turn_s": STEP_S * TOKENS,
+                  "partitions": PARTITIONS, "episode": "one arithmetic turn",
+                  "measured_from": "the jobs' committed trajectories (publish, start, end); "
+                                   "utilisation also sampled from the fleet every "
+                                   f"{SAMPLE_S} s"},
+        "weights_and_idle": weighted, "one_job_alone": alone, "flood": flooded,
+        "bursty": {"batch": BATCH, "train_s": TRAIN_S, "seconds": BURSTY_S / scale, **sharing},
+        "target": {"share_points": TARGET_SHARE_POINTS, "utilisation": TARGET_UTILISATION,
+                   "latency_ratio": TARGET_LATENCY_RATIO, "met": met},
+    }
+    path = write_result(NAME, doc)
+    print(f"\nwrote {path}")
+    return doc
+
+
+if __name__ == "__main__":
+    run()
