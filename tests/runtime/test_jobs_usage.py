@@ -14,7 +14,7 @@ from rollstream.config import Settings
 from rollstream.kafka import process_id, producer
 from rollstream.topics import delete_topics
 from rollstream.usage import HOUR_MS, parse_since
-from tests.scored_factory import scored, turn
+from tests.helpers.scored_factory import scored, turn
 
 HOUR = 1_700_000_000_000 - 1_700_000_000_000 % HOUR_MS  # an hour's start
 
