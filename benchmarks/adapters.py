@@ -21,18 +21,14 @@ from __future__ import annotations
 
 import sys
 import time
-import uuid
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
 from benchmarks import print_table, write_result
-from benchmarks.bridge import GROUP, scored_event
-from rollstream import kafka
+from benchmarks.bridge import GROUP, scored_topic
 from rollstream.broker import local
-from rollstream.config import Settings, load
-from rollstream.topics import create_topics, delete_topics
+from rollstream.config import Settings
+from rollstream.topics import delete_topics
 
 NAME = "adapters"
 TARGET_RATIO = 0.5
@@ -99,23 +95,14 @@ def through(settings: Settings, name: str, work: Callable[[Any], Any],
 def run(quick: bool = False) -> dict[str, Any]:
     bootstrap = local.resolve_bootstrap()
     trajectories = 128 if quick else 512
-    prefix = f"bench-{uuid.uuid4().hex[:8]}-adapters"
-    create_topics(bootstrap, prefix, 4)
-    settings = load(bootstrap_servers=bootstrap, prefix=prefix, partitions=4)
-    rng = np.random.default_rng(0)
-    producer = kafka.producer(settings)
-    for n in range(trajectories):
-        task, index = divmod(n, GROUP)
-        kafka.produce(producer, settings.topics.scored,
-                      scored_event(task, index, rng, TOKENS), key=f"t{task}#{index}")
-    producer.flush(60)
+    settings = scored_topic(bootstrap, "adapters", trajectories, TOKENS)
     results: dict[str, Any] = {}
     try:
         for name, work in _designs().items():
             results[name] = (work if isinstance(work, str)
                              else through(settings, name, work, trajectories))
     finally:
-        delete_topics(bootstrap, prefix)
+        delete_topics(bootstrap, settings.prefix)
     plain = results["plain"]["trajectories_per_s"]
     ratios = {name: round(r["trajectories_per_s"] / plain, 2)
               for name, r in results.items() if isinstance(r, dict) and name != "plain"}

@@ -27,7 +27,7 @@ from benchmarks import print_table, write_result
 from rollstream import kafka
 from rollstream.broker import local
 from rollstream.codec import codec, pack_ids, pack_logprobs
-from rollstream.config import load
+from rollstream.config import Settings, load
 from rollstream.dev.loop import LoopConfig
 from rollstream.events import SCORED_TRAJECTORY
 from rollstream.topics import create_topics, delete_topics
@@ -77,20 +77,27 @@ def scored_event(task: int, index: int, rng: np.random.Generator, tokens: int = 
         "scored_at_ms": 2})
 
 
-def bridge_rate(bootstrap: str, trajectories: int) -> dict[str, Any]:
-    from trainer_bridge.bridge import TrainerBridge
-    from trainer_bridge.tensors import to_tensors
-
-    prefix = f"bench-{uuid.uuid4().hex[:8]}-bridge"
+def scored_topic(bootstrap: str, name: str, trajectories: int, tokens: int = TOKENS) -> Settings:
+    """Fresh topics (prefix `bench-<id>-<name>`) whose scored topic holds `trajectories`
+    scored events in groups of GROUP."""
+    prefix = f"bench-{uuid.uuid4().hex[:8]}-{name}"
     create_topics(bootstrap, prefix, 4)
     settings = load(bootstrap_servers=bootstrap, prefix=prefix, partitions=4)
     rng = np.random.default_rng(0)
     producer = kafka.producer(settings)
     for n in range(trajectories):
         task, index = divmod(n, GROUP)
-        kafka.produce(producer, settings.topics.scored, scored_event(task, index, rng),
+        kafka.produce(producer, settings.topics.scored, scored_event(task, index, rng, tokens),
                       key=f"t{task}#{index}")
     producer.flush(60)
+    return settings
+
+
+def bridge_rate(bootstrap: str, trajectories: int) -> dict[str, Any]:
+    from trainer_bridge.bridge import TrainerBridge
+    from trainer_bridge.tensors import to_tensors
+
+    settings = scored_topic(bootstrap, "bridge", trajectories)
     groups_per_batch = 4
     try:
         with TrainerBridge(settings, groups_per_batch) as bridge:
@@ -104,7 +111,7 @@ def bridge_rate(bootstrap: str, trajectories: int) -> dict[str, Any]:
                 batch.ack()
             elapsed = time.perf_counter() - start
     finally:
-        delete_topics(bootstrap, prefix)
+        delete_topics(bootstrap, settings.prefix)
     return {"trajectories": seen, "tokens_per_trajectory": TOKENS,
             "tokens_in_batches": tokens, "seconds": round(elapsed, 3),
             "trajectories_per_s": round(seen / elapsed, 1),
