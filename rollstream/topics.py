@@ -141,6 +141,8 @@ def _check_copartitioned(meta: dict[str, Any], topics: Topics) -> None:
 
 def delete_topics(kafka: KafkaConf, prefix: str, timeout: float = 60) -> list[str]:
     """Delete the topic graph under prefix (those that exist); returns the names deleted."""
+    from confluent_kafka import KafkaError, KafkaException
+
     topics = Topics(prefix)
     admin = _admin(kafka)
     existing = set(admin.list_topics(timeout=timeout).topics)
@@ -148,7 +150,12 @@ def delete_topics(kafka: KafkaConf, prefix: str, timeout: float = 60) -> list[st
     if not names:
         return []
     for future in admin.delete_topics(names, operation_timeout=timeout).values():
-        future.result()
+        try:
+            future.result()
+        except KafkaException as exc:
+            # Listed, yet gone by now: a deletion just before (metadata lags behind it).
+            if exc.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+                raise
     return names
 
 
