@@ -45,7 +45,7 @@ def run_bridge(args: argparse.Namespace) -> int:
     from rollstream.transaction import Rewind
     from trainer_bridge.bridge import TrainerBridge
 
-    settings = common.start_service(args)
+    settings = common.start_service(args, parts=("bridge",))
     group = args.group or settings.topics.group(PRINTER)
     printed = 0
     while args.max_batches is None or printed < args.max_batches:

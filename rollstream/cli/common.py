@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -82,11 +82,14 @@ def log_to_stderr() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
 
 
-def start_service(args: argparse.Namespace) -> Settings:
+def start_service(args: argparse.Namespace, parts: Sequence[str] = ()) -> Settings:
     """A long-running process's start: logs to stderr, its settings, /metrics, /health and
     /ready (on by default: see rollstream.metrics), and the broker reached: an unreachable one
     is waited for (logged every few seconds, and /ready says so), refused credentials or TLS
-    trust stop the process (AccessDenied, exit 77)."""
+    trust stop the process (AccessDenied, exit 77).
+
+    `parts`: the readiness components the process reports once it runs (its consumer, say),
+    unready from the start, so /ready never answers 200 with the broker alone reached."""
     from rollstream.sandbox.settings import configure
 
     log_to_stderr()
@@ -95,6 +98,8 @@ def start_service(args: argparse.Namespace) -> Settings:
     logging.getLogger("rollstream").info(
         "Kafka at %s, prefix %s, client properties %s", resolved.bootstrap_servers,
         resolved.prefix, config.redacted(resolved.kafka_properties) or "(none)")
+    for part in parts:
+        health.component(part)
     metrics.serve(resolved.metrics_port)
     wait_for_broker(resolved)
     return resolved

@@ -36,7 +36,7 @@ def run_stage(args: argparse.Namespace) -> int:
     from stages.init import InitStage
     from stages.run import RunStage
 
-    settings = common.start_service(args)
+    settings = common.start_service(args, parts=(f"stage {args.name}",))
     classes: dict[str, type[Stage]] = {"init": InitStage, "run": RunStage, "eval": EvalStage}
     stage = classes[args.name](settings)
     StageRuntime(stage, settings, drain_timeout_s=args.drain_timeout).run()
