@@ -40,11 +40,11 @@ log = logging.getLogger("rollstream.fleet")
 
 LOOK_S = 0.5  # how often the jobs topic is looked at
 RETRY_S = 5.0  # how long a job whose runtime failed waits before it is started again
-# A job still wants work until its polls have found nothing for this long: a partition paused
-# by the fair share fetches again only once resumed (a fetch round trip, up to the broker's
-# fetch wait under load), so empty polls for a while do not mean its input ran out. A job whose
-# input did run out keeps first claim on free slots that long.
-WANTS_S = 2.0
+# A job wants work while events it fetched wait for its share (StageRuntime.waiting), and until
+# its polls have found nothing for this long: a partition paused or newly assigned fetches again
+# only after a delay of up to the client's fetch wait (0.5 s by default). A job whose input did
+# run out keeps first claim on free slots that long, so it is kept short.
+WANTS_S = 0.6
 
 # Builds a job's stage from its settings and record; the callable is its fair share.
 MakeStage = Callable[[Settings, Job, Callable[[], int]], Stage]
@@ -143,7 +143,7 @@ class Fleet:
         recent = time.monotonic() - WANTS_S
         demands = {
             n: Demand(weight=s.job["weight"], in_flight=s.runtime.in_flight,
-                      wants=_wants(s.runtime.loop.empty_since, recent),
+                      wants=s.runtime.waiting > 0 or _wants(s.runtime.loop.empty_since, recent),
                       quota=s.job["quota_episodes"],
                       priority=s.job["priority"])
             for n, s in self.served.items() if not s.job["policy_urls"]
