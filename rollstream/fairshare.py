@@ -1,9 +1,10 @@
 """Weighted, work-conserving fair share of RUN's in-flight episodes between the jobs of a fleet.
 
 `allowances` says how many more episodes each job may start now, from the fleet's slots (the
-shared inference servers' episodes at their caps) and each job's demand. It is pure and is
-asked afresh each time a job's runtime is about to take episodes (Stage.capacity), with every
-job's in-flight count as it is then, so the answers never hand out one free slot twice.
+shared inference servers' episodes at their caps) and each job's demand. It is pure. A fleet
+asks it through a `Plan`: one water-filling per round of the jobs' asks (each job's runtime asks
+once per pass of the loop, Stage.capacity), which each job's taking of episodes then draws
+down, so N jobs cost one water-filling instead of N and one free slot is never handed out twice.
 
 - Free slots go one at a time to the job that wants work (input is waiting) with the fewest
   episodes in flight per unit of weight: backlogged jobs converge on their weights' shares
@@ -21,7 +22,7 @@ job's in-flight count as it is then, so the answers never hand out one free slot
 from __future__ import annotations
 
 import heapq
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 
@@ -57,3 +58,39 @@ def allowances(slots: int, demands: Mapping[str, Demand]) -> dict[str, int]:
         if not d.wants and below_share:
             out[j] = min(room[j], 1)
     return out
+
+
+class Plan:
+    """The allowances of one round of asks, shared by every job.
+
+    A plan is made at the first ask and kept until a job asks a second time (the next pass of
+    the loop), or a job not in it asks. Within it a job may start what it was allotted less
+    what it started since (its in-flight count above the plan's): each job's in-flight count
+    stays within the plan's plus its allotment, so the fleet's stays within the slots, however
+    the asks and episodes interleave. Slots freed meanwhile are handed out by the next plan.
+    """
+
+    def __init__(self, slots: Callable[[], int],
+                 demands: Callable[[], Mapping[str, Demand]]) -> None:
+        self.slots = slots
+        self.demands = demands
+        self.made = 0  # plans made so far
+        self._base: Mapping[str, Demand] = {}
+        self._allotted: dict[str, int] = {}
+        self._asked: set[str] = set()
+
+    def allowance(self, job: str, in_flight: int) -> int:
+        """How many more episodes `job`, with `in_flight` episodes now, may start now."""
+        if job in self._asked or job not in self._base:
+            self._make()
+        self._asked.add(job)
+        base = self._base.get(job)
+        if base is None:
+            return 0
+        return max(0, self._allotted[job] - max(0, in_flight - base.in_flight))
+
+    def _make(self) -> None:
+        self._base = self.demands()
+        self._allotted = allowances(self.slots(), self._base)
+        self._asked.clear()
+        self.made += 1

@@ -16,7 +16,8 @@ instead of blocking), and the fleet owns the signals.
 - A runtime that fails is logged and started again after `RETRY_S`; the other jobs go on.
 
 Fair share: RUN's jobs on the shared servers get `allowance` as their capacity, the weighted
-work-conserving share of the servers' slots (rollstream.fairshare). Which jobs a fleet serves:
+work-conserving share of the servers' slots (rollstream.fairshare), planned once per round of
+the jobs' asks (a `Plan`), not once per ask. Which jobs a fleet serves:
 those that name no group, or, with `fleet=NAME`, those that name that group (a dedicated fleet).
 """
 
@@ -32,7 +33,7 @@ from dataclasses import dataclass
 from rollstream.config import Settings
 from rollstream.consume.stopping import Stopping
 from rollstream.events import Job
-from rollstream.fairshare import Demand, allowances
+from rollstream.fairshare import Demand, Plan
 from rollstream.jobs import ACTIVE, JobReader, job_settings
 from rollstream.runtime import Stage, StageRuntime
 
@@ -40,11 +41,11 @@ log = logging.getLogger("rollstream.fleet")
 
 LOOK_S = 0.5  # how often the jobs topic is looked at
 RETRY_S = 5.0  # how long a job whose runtime failed waits before it is started again
-# A job still wants work until its polls have found nothing for this long: a partition paused
-# by the fair share fetches again only once resumed (a fetch round trip, up to the broker's
-# fetch wait under load), so empty polls for a while do not mean its input ran out. A job whose
-# input did run out keeps first claim on free slots that long.
-WANTS_S = 2.0
+# A job wants work while events it fetched wait for its share (StageRuntime.waiting), and until
+# its polls have found nothing for this long: a partition paused or newly assigned fetches again
+# only after a delay of up to the client's fetch wait (0.5 s by default). A job whose input did
+# run out keeps first claim on free slots that long, so it is kept short.
+WANTS_S = 0.6
 
 # Builds a job's stage from its settings and record; the callable is its fair share.
 MakeStage = Callable[[Settings, Job, Callable[[], int]], Stage]
@@ -71,6 +72,7 @@ class Fleet:
         self.stopping = Stopping(drain_timeout_s)
         self.served: dict[str, Served] = {}
         self._retry_at: dict[str, float] = {}
+        self.plan = Plan(slots, self._demands)
 
     def serves(self, job: Job) -> bool:
         return job["state"] in ACTIVE and job["group"] == self.fleet
@@ -140,15 +142,18 @@ class Fleet:
 
     def allowance(self, name: str) -> int:
         """How many more episodes job `name` may start now on the shared servers."""
+        served = self.served.get(name)
+        return 0 if served is None else self.plan.allowance(name, served.runtime.in_flight)
+
+    def _demands(self) -> dict[str, Demand]:
         recent = time.monotonic() - WANTS_S
-        demands = {
+        return {
             n: Demand(weight=s.job["weight"], in_flight=s.runtime.in_flight,
-                      wants=_wants(s.runtime.loop.empty_since, recent),
+                      wants=s.runtime.waiting > 0 or _wants(s.runtime.loop.empty_since, recent),
                       quota=s.job["quota_episodes"],
                       priority=s.job["priority"])
             for n, s in self.served.items() if not s.job["policy_urls"]
         }
-        return allowances(self.slots(), demands).get(name, 0)
 
 
 def _wants(empty_since: float | None, recent: float) -> bool:

@@ -6,7 +6,12 @@ from the shared consume loop (rollstream/consume/) and produces its outputs ther
   of newly held partitions (`Stage.restore`) is read back in the main loop while they stay
   paused, the other partitions going on meanwhile (rollstream/consume/restores.py);
 - bounded in-flight work: at `max_in_flight` events the partitions are paused (still polling,
-  so the group keeps us), resumed when work finishes; no unbounded in-process queue;
+  so the group keeps us), resumed when work finishes; no unbounded in-process queue. An async
+  stage without capacity now (Stage.capacity, e.g. RUN's servers full or its fair share taken)
+  keeps the events already fetched waiting in process, in flight and waiting together within
+  `max_in_flight`, instead of pausing at once: the client drops a paused partition's fetched
+  events and, resumed, fetches again only after a delay of up to its fetch wait (0.4-1 s
+  measured), a slot left idle that long each time capacity comes back;
 - one Kafka transaction per commit interval holding the outputs and the input offsets
   (KIP-447), read by read_committed consumers downstream, so a crash neither loses nor
   duplicates an output; events finished out of order are recorded in the offset metadata
@@ -34,6 +39,7 @@ import logging
 import time
 import traceback
 from abc import ABC, abstractmethod
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -142,6 +148,8 @@ class StageRuntime:
             self.codec.check_header if record is None
             else functools.partial(self.codec.decode_as, record))
         self._tasks: dict[asyncio.Task, tuple[int, Message]] = {}
+        # Async stages: events fetched that wait for the stage's capacity, oldest first.
+        self._waiting: deque[Message] = deque()
         self._last_report = time.monotonic()
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -154,6 +162,11 @@ class StageRuntime:
     @property
     def in_flight(self) -> int:
         return len(self._tasks)
+
+    @property
+    def waiting(self) -> int:
+        """Events fetched that wait for the stage's capacity (see the module's docstring)."""
+        return len(self._waiting)
 
     def stop(self) -> None:
         self.loop.health.not_ready("stopping")
@@ -209,6 +222,7 @@ class StageRuntime:
             if part in partitions:
                 task.cancel()
                 del self._tasks[task]
+        self._waiting = deque(m for m in self._waiting if m.partition() not in partitions)
         self.loop.restore_again(self.restores.release(partitions))
         self.stage.on_revoke(sorted(partitions))
 
@@ -217,36 +231,68 @@ class StageRuntime:
         for task in self._tasks:
             task.cancel()
         self._tasks.clear()
+        self._waiting.clear()
         self.restores.cancel()
         self.stage.on_revoke(sorted(self.loop.held.progress))
 
     # -- dispatch ----------------------------------------------------------------------------
 
     def _poll(self) -> bool:
-        """Take what input there is room for; whether any came."""
-        # Async work is bounded by max_in_flight; a sync handler finishes each event at once,
-        # so its batch is only bounded by what one loop iteration should take.
-        free = (self.settings.max_in_flight - len(self._tasks)) if self._async else MAX_BATCH
+        """Take what input there is room for; whether any came or started."""
+        if self._async:
+            return self._poll_async()
+        # A sync handler finishes each event at once, so its batch is only bounded by what one
+        # loop iteration should take.
+        free = MAX_BATCH
         room = self.stage.capacity()
         if room is not None:
             free = min(free, room)
+        msgs = self._fetch(free)
+        if msgs:
+            self._run_sync(msgs)
+        return bool(msgs)
+
+    def _poll_async(self) -> bool:
+        """Fetch within max_in_flight (in flight and waiting together), then start what the
+        stage's capacity allows, oldest first."""
+        msgs = self._fetch(self.settings.max_in_flight - len(self._tasks) - len(self._waiting))
+        self._waiting.extend(msgs)
+        if self.loop.interrupted:  # what is not committed is redone first (see _step)
+            return bool(msgs)
+        room = self.stage.capacity()
+        started = self._start_waiting(len(self._waiting) if room is None else room)
+        return bool(msgs) or started > 0
+
+    def _fetch(self, free: int) -> list[Message]:
+        """Up to `free` events; at 0 the partitions are paused and the group is only served."""
         self.metrics.paused(self.loop.backpressure(free))
         self.metrics.in_flight(len(self._tasks))
         if free <= 0:
             self.loop.keep_alive()
-            return False
-        # Block only when nothing is in flight (in-flight work needs the loop), and never on a
+            return []
+        # Block only when nothing is in flight or waiting (they need the loop), and never on a
         # shared loop (the other runtimes need it).
-        block = IDLE_S if not self._tasks and not self.shared else 0
-        msgs = self.loop.poll(min(free, MAX_BATCH), block)
-        if not msgs:
-            return False
-        if not self._async:
-            self._run_sync(msgs)
-            return True
-        for msg in msgs:
+        block = IDLE_S if not self._tasks and not self._waiting and not self.shared else 0
+        return self.loop.poll(min(free, MAX_BATCH), block)
+
+    def _start_waiting(self, count: int) -> int:
+        """Start up to `count` waiting events, oldest first; a partition whose out-of-order
+        window is full keeps its events (in order: a later one never starts before them)."""
+        progress = self.loop.held.progress
+        kept: list[Message] = []
+        started = 0
+        while started < count and self._waiting:
+            msg = self._waiting.popleft()
+            part = progress.get(msg.partition())
+            if part is None:
+                continue
+            if part.over_budget():
+                kept.append(msg)
+                continue
             self._dispatch(msg)
-        return True
+            started += 1
+        self._waiting.extendleft(reversed(kept))
+        return started
 
     def _run_sync(self, msgs: list[Message]) -> None:
         """Sync stages: each event is handled and its outputs produced at once (the hot path)."""
@@ -279,8 +325,10 @@ class StageRuntime:
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=0.01, return_when=asyncio.FIRST_COMPLETED)
         else:
-            # On a shared loop an idle runtime waits here, where the others run meanwhile.
-            await asyncio.sleep(IDLE_S if self.shared and not took else 0)
+            # On a shared loop an idle runtime waits here, where the others run meanwhile; so
+            # does one whose events wait for capacity (its poll did not block).
+            idle = not took and (self.shared or bool(self._waiting))
+            await asyncio.sleep(IDLE_S if idle else 0)
 
     def _accept(self, msg: Message) -> PartitionProgress | None:
         """The progress of the event's partition, or None when there is nothing to handle: a

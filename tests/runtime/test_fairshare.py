@@ -1,11 +1,12 @@
 """The fleet's fair share of RUN's episodes (rollstream.fairshare): weighted, work-conserving,
-quotas respected, priority first to free slots without preemption."""
+quotas respected, priority first to free slots without preemption; one plan per round of asks."""
 
 from __future__ import annotations
 
+import random
 from dataclasses import replace
 
-from rollstream.fairshare import Demand, allowances
+from rollstream.fairshare import Demand, Plan, allowances
 
 
 def fill(slots: int, demands: dict[str, Demand]) -> dict[str, int]:
@@ -74,3 +75,45 @@ def test_priority_takes_free_slots_first_but_never_preempts() -> None:
 def test_no_slots_or_no_jobs() -> None:
     assert allowances(0, {"a": Demand(1, 0, True)}) == {"a": 0}
     assert allowances(8, {}) == {}
+
+
+def test_one_plan_per_round_of_asks_and_never_more_than_the_slots() -> None:
+    """8 jobs ask in turn, in shuffled order, take what they are allowed and finish episodes at
+    random: one water-filling per round (a job asking again starts the next), and the fleet
+    never holds more episodes than its slots."""
+    slots = 300
+    weights = {f"j{i}": 1.0 + i % 3 for i in range(8)}
+    in_flight = dict.fromkeys(weights, 0)
+    plan = Plan(lambda: slots, lambda: {j: Demand(w, in_flight[j], True)
+                                        for j, w in weights.items()})
+    rng = random.Random(7)
+    rounds = 200
+    for _ in range(rounds):
+        order = list(weights)
+        rng.shuffle(order)
+        for job in order:
+            in_flight[job] -= sum(rng.random() < 0.1 for _ in range(in_flight[job]))
+            in_flight[job] += plan.allowance(job, in_flight[job])
+            assert sum(in_flight.values()) <= slots
+    # A round ends when a job asks again: with a shuffled order that may be before every job
+    # asked, never before two did.
+    assert rounds <= plan.made <= rounds * 4
+    assert sum(in_flight.values()) >= slots * 0.8  # still handed out: work-conserving
+    share = in_flight["j2"] / in_flight["j0"]  # weights 3 and 1
+    assert 2.0 <= share <= 4.0, in_flight
+
+
+def test_a_plan_is_drawn_down_by_what_a_job_took_and_freed_slots_wait_for_the_next() -> None:
+    in_flight = {"a": 0, "b": 0}
+    plan = Plan(lambda: 8, lambda: {j: Demand(1, n, True) for j, n in in_flight.items()})
+    assert plan.allowance("a", 0) == 4
+    assert plan.allowance("b", 2) == 2  # b started 2 since the plan was made: 2 of its 4 left
+    assert plan.allowance("c", 0) == 0  # a job outside the share
+    in_flight.update(a=4, b=4)
+    plan = Plan(lambda: 8, lambda: {j: Demand(1, n, True) for j, n in in_flight.items()})
+    assert plan.allowance("a", 4) == 0
+    in_flight["b"] = 3  # one of b's episodes ended after the plan was made
+    assert plan.allowance("b", 3) == 0  # the freed slot is not in this plan
+    assert plan.allowance("a", 4) == 0  # a asks again: the next plan, from the counts now,
+    assert plan.allowance("b", 3) == 1  # hands it to b, whose load is the lowest
+    assert plan.made == 2  # one per round

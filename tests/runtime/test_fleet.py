@@ -115,8 +115,8 @@ def test_backlogged_jobs_share_the_servers_by_weight(settings: Settings) -> None
                 runtimes = {name: s.runtime for name, s in run.served.items()}
                 # Sampled once both have started (no preemption: the first to start may hold
                 # every slot until its episodes end) while both have episodes left: the slots
-                # each holds or may take now (a slot it may take waits while its partitions,
-                # paused, fetch again).
+                # each holds or may take now (one it may take is taken at its runtime's next
+                # step).
                 if (len(runtimes) == 2
                         and all(0 < r.stats["processed"] < 60 for r in runtimes.values())):
                     for name, runtime in runtimes.items():

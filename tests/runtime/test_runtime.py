@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
 
 from confluent_kafka import TopicPartition
@@ -87,3 +88,48 @@ def test_backpressure_bounds_in_flight_work(settings: Settings) -> None:
     runtime._reap = reap_and_measure  # type: ignore[method-assign]
     run_until(runtime, lambda: runtime.stats["processed"] >= 199)
     assert 1 <= peak <= 5
+
+
+class OneAtATime(SlowEcho):
+    """Capacity for one event while none is in flight; notes on which capacity ask each event
+    started and which ask said 1 again after a 0."""
+
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(settings)
+        self.busy = False
+        self.said = 1
+        self.asks = 0
+        self.opened: list[int] = []  # asks that said 1 after one said 0
+        self.started: list[int] = []  # the last ask before each event started
+
+    def capacity(self) -> int | None:
+        self.asks += 1
+        if not self.busy and self.said == 0:
+            self.opened.append(self.asks)
+        self.said = 0 if self.busy else 1
+        return self.said
+
+    async def handle(self, event: dict, ctx: EventContext) -> list[Output]:
+        self.started.append(self.asks)
+        self.busy = True
+        await asyncio.sleep(0.05)
+        self.busy = False
+        return [Output(self.topics.trajectories, str(event["version"]), "PolicyVersion", event)]
+
+
+def test_events_fetched_wait_for_capacity_and_start_the_moment_it_comes_back(
+        settings: Settings) -> None:
+    """A stage without capacity keeps the events already fetched instead of pausing (the client
+    drops a paused partition's fetched events and, resumed, fetches again only after up to its
+    fetch wait): each event starts on the very capacity ask that says 1 again."""
+    producer = kafka.producer(settings)
+    for v in range(1, 11):
+        kafka.produce(producer, settings.topics.policy, policy_event(v), key=str(v))
+    producer.flush()
+    stage = OneAtATime(settings)
+    runtime = StageRuntime(stage, settings)
+    run_until(runtime, lambda: runtime.stats["processed"] >= 10)
+    assert len(stage.started) == 10
+    # Event i+1 starts on the ask that said 1 after event i: from the third on every one was
+    # waiting by then.
+    assert stage.started[2:] == stage.opened[1:9], (stage.started, stage.opened)
