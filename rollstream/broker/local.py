@@ -451,7 +451,9 @@ def launch(config: Path, workdir: Path, log: Path, pid_file: Path) -> int:
     if log.exists():
         log.replace(log.with_name(log.name + ".1"))  # keep the previous run's log for post-mortems
     (workdir / "log4j2.properties").write_text(LOG4J2_PROPERTIES)
-    heap = os.environ.get(HEAP_ENV, "512m")
+    # Kafka's own default heap (kafka-server-start.sh): at 512m a secured broker ran out of
+    # heap at start-up once, in a suite run beside other brokers on a loaded machine.
+    heap = os.environ.get(HEAP_ENV, "1g")
     cmd = [
         _java(), f"-Xmx{heap}", "-Xms128m", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
         "-XX:+ExitOnOutOfMemoryError", "-Djava.awt.headless=true",
