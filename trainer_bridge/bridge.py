@@ -39,6 +39,10 @@ from rollstream.offsets import PartitionProgress
 from rollstream.transaction import Rewind
 from trainer_bridge.groups import Group, GroupAssembler, GroupPolicy, Sample
 
+# How long holding no partitions counts as still joining (not idle): a join waits out a dead
+# member's session (10 s), longer on a busy machine.
+JOIN_GRACE_S = 60.0
+
 
 @dataclass
 class Batch:
@@ -124,9 +128,12 @@ class TrainerBridge:
 
     def batches(self, max_batches: int | None = None,
                 idle_timeout_s: float | None = None) -> Iterator[Batch]:
-        """Yield batches of complete groups; stop after max_batches or idle_timeout_s idle."""
+        """Yield batches of complete groups; stop after max_batches or idle_timeout_s idle.
+        Holding no partitions in the first JOIN_GRACE_S is joining, not idleness: a join can
+        wait out a dead member's session."""
         produced = 0
         last_event = time.monotonic()
+        joining_until = last_event + JOIN_GRACE_S
         while max_batches is None or produced < max_batches:
             while len(self._ready) >= self.groups_per_batch:
                 groups = self._ready[: self.groups_per_batch]
@@ -140,8 +147,9 @@ class TrainerBridge:
             msgs = self.loop.poll(500, 0.2)
             if self.loop.recover():
                 continue
-            if msgs:
-                last_event = time.monotonic()
+            now = time.monotonic()
+            if msgs or (not self.loop.held.progress and now < joining_until):
+                last_event = now
             else:
                 # Nothing new: commit what was dropped or dead-lettered since the last ack, so
                 # a restart does not see it again when no batch follows.

@@ -22,7 +22,8 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--groups-per-batch", type=int, default=4)
     parser.add_argument("--max-batches", type=int, default=None, help="stop after N batches")
     parser.add_argument("--idle-timeout", type=float, default=None,
-                        help="stop after this many seconds without new events")
+                        help=("stop after this many seconds without new events (joining the group, "
+                              "up to a minute, does not count)"))
     parser.add_argument("--group", default=None,
                         help="consumer group (default <prefix>.batch-printer; never the trainer's "
                              "<prefix>.bridge, or the two would split <prefix>.scored)")

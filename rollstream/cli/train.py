@@ -39,7 +39,8 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     train.add_argument("--clip-eps", type=float, default=0.2)
     train.add_argument("--max-steps", type=int, default=None)
     train.add_argument("--idle-timeout", type=float, default=None,
-                       help="stop after this many seconds without new events")
+                       help=("stop after this many seconds without new events (joining the group, "
+                             "up to a minute, does not count)"))
     common.add_job_argument(train, "train on the scored trajectories and publish the policy")
     config.add_arguments(train, "kafka", "service")
     train.set_defaults(func=run_train)
