@@ -14,6 +14,8 @@ instead of blocking), and the fleet owns the signals.
   is resumed by whoever serves the job next. No transaction stays open.
 - A job whose settings changed (its adapter, servers or admission window) is restarted so.
 - A runtime that fails is logged and started again after `RETRY_S`; the other jobs go on.
+- Each job's stage runs in its metrics context (rollstream.metrics.job_context), so its series
+  carry its name; a job no longer served loses its series (`metrics.forget_job`).
 
 Fair share: RUN's jobs on the shared servers get `allowance` as their capacity, the weighted
 work-conserving share of the servers' slots (rollstream.fairshare). Which jobs a fleet serves:
