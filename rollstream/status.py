@@ -253,9 +253,9 @@ def render(snap: dict[str, Any]) -> Any:
              + (f" (mean reward {policy['mean_reward']:.3f})"
                 if policy and policy["mean_reward"] is not None else ""),
              f"dead letters: {snap['dlq']['count']}"]
+    lines += [f"  {d['at']} {d['stage']}: {d['reason']}" for d in snap["dlq"]["latest"]]
     if "job" in snap:
         lines.append(_job_line(snap["job"]))
-    lines += [f"  {d['at']} {d['stage']}: {d['reason']}" for d in snap["dlq"]["latest"]]
     for srv in snap["servers"]:
         load = ", ".join(f"{k} {v:g}" for k, v in sorted(srv["load"].items()))
         lines.append(f"server {srv['url']}: {'up' if srv['healthy'] else 'DOWN'}"
