@@ -14,6 +14,8 @@ instead of blocking), and the fleet owns the signals.
   is resumed by whoever serves the job next. No transaction stays open.
 - A job whose settings changed (its adapter, servers or admission window) is restarted so.
 - A runtime that fails is logged and started again after `RETRY_S`; the other jobs go on.
+- Each job's stage runs in its metrics context (rollstream.metrics.job_context), so its series
+  carry its name; a job no longer served loses its series (`metrics.forget_job`).
 
 Fair share: RUN's jobs on the shared servers get `allowance` as their capacity, the weighted
 work-conserving share of the servers' slots (rollstream.fairshare), planned once per round of
@@ -30,6 +32,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from rollstream import metrics
 from rollstream.config import Settings
 from rollstream.consume.stopping import Stopping
 from rollstream.events import Job
@@ -117,12 +120,14 @@ class Fleet:
 
     def _start(self, job: Job) -> None:
         settings = job_settings(self.settings, job)
-        stage = self.make_stage(settings, job, functools.partial(self.allowance, job["name"]))
-        runtime = StageRuntime(stage, settings, self.drain_timeout_s, shared=True,
-                               label=f"job {job['name']}")
+        context = metrics.job_context(job["name"])  # what its stage counts carries its name
+        stage = context.run(self.make_stage, settings, job,
+                            functools.partial(self.allowance, job["name"]))
+        runtime = context.run(StageRuntime, stage, settings, self.drain_timeout_s, shared=True,
+                              label=f"job {job['name']}")
         log.info("fleet: serving job %s (prefix %s) as group %s", job["name"], job["prefix"],
                  runtime.group)
-        task = asyncio.create_task(runtime.serve(), name=f"job {job['name']}")
+        task = asyncio.create_task(runtime.serve(), name=f"job {job['name']}", context=context)
         self.served[job["name"]] = Served(job, settings, runtime, task)
 
     def _reap(self) -> None:
@@ -139,6 +144,7 @@ class Fleet:
                 self._retry_at[name] = time.monotonic() + RETRY_S
             else:
                 log.info("fleet: job %s stopped", name)
+                metrics.forget_job(name)
 
     def allowance(self, name: str) -> int:
         """How many more episodes job `name` may start now on the shared servers."""

@@ -8,19 +8,27 @@ share a host); `--metrics-port -1` turns metrics and probes off, and a stage the
 whose methods do nothing (metrics on cost a forwarding stage 1.5% CPU: benchmarks/metrics.py).
 
 Stage series carry a `stage` label (init, run, eval, bridge, train); inference series a `server`
-label (the server's base URL).
+label (the server's base URL). In a fleet (one process serving several jobs, rollstream.fleet)
+the stage series and the per-job accounting (episodes, turns, sampled tokens, sandbox-seconds,
+server-seconds, staleness) also carry `rollstream_job="<name>"`: what a job's stage counts is
+counted in that job's context (`job_context`), tasks inheriting it. A process serving one
+pipeline (`rollstream stage`) counts under no job, and its series have no such label, as
+before. The label is not `job`: Prometheus gives every scraped series the `job` of its scrape
+configuration, and would rename a `job` label of the target's to `exported_job`.
 """
 
 from __future__ import annotations
 
 import bisect
+import contextvars
 import itertools
 import logging
 import threading
 import time
 import weakref
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 from http.server import ThreadingHTTPServer
 from typing import Any, get_args
 from urllib.parse import urlparse
@@ -37,6 +45,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from rollstream import health
+from rollstream.events import FailureClass
 
 log = logging.getLogger("rollstream.metrics")
 
@@ -45,6 +54,8 @@ log = logging.getLogger("rollstream.metrics")
 LATENCY_BUCKETS = (.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 LATENCY_SAMPLES = 4  # events of a sync stage's batch whose latency is recorded
 COMMIT_BUCKETS = (.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10)
+STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 32)
+JOB_LABEL = "rollstream_job"
 
 COMMIT_SECONDS = Histogram("rollstream_transaction_commit_seconds",
                            "Time to commit one transaction (offsets and outputs)", ["stage"],
@@ -54,13 +65,11 @@ ABORTS = Counter("rollstream_transaction_aborts_total",
 REBALANCES = Counter("rollstream_rebalances_total",
                      "Partition assignments, revocations and losses", ["stage", "kind"])
 
-EPISODES = Counter("rollstream_episodes_total", "Episodes scored, by failure class",
-                   ["failure_class"])
 REWARD = Histogram("rollstream_reward", "Rewards of scored episodes (infra failures have none)",
                    ["env"], buckets=(0, .1, .2, .3, .4, .5, .6, .7, .8, .9, 1))
 STALENESS = Histogram("rollstream_trained_sample_staleness_versions",
                       "Policy versions between a trained sample's oldest turn and the trainer",
-                      buckets=(0, 1, 2, 3, 4, 6, 8, 12, 16, 32))
+                      buckets=STALENESS_BUCKETS)
 POLICY_VERSION = Gauge("rollstream_policy_version", "The policy version this trainer published")
 TRAIN_STEPS = Counter("rollstream_train_steps_total", "Trainer steps taken")
 TRAINED_SAMPLES = Counter("rollstream_trained_samples_total", "Samples trained on")
@@ -98,9 +107,19 @@ CONTROLLER_HEALTHY = Gauge("rollstream_controller_servers_healthy",
 CONTROLLER_VERSION = Gauge("rollstream_controller_latest_policy_version",
                            "The newest policy version the controller has read")
 
-_sandboxes: weakref.WeakSet[Any] = weakref.WeakSet()
+# Live sandboxes: their job and when they were created. The lock keeps a scrape from seeing a
+# destroyed sandbox's time both as live and as counted (a counter must never go down).
+_sandboxes: weakref.WeakKeyDictionary[Any, tuple[str, float]] = weakref.WeakKeyDictionary()
+_sandbox_lock = threading.Lock()
 SANDBOXES = Gauge("rollstream_sandboxes_alive", "Sandboxes created and not yet destroyed")
-SANDBOXES.set_function(lambda: sum(1 for s in list(_sandboxes) if not s.closed))
+
+
+def _alive() -> int:
+    with _sandbox_lock:
+        return sum(1 for s in list(_sandboxes) if not s.closed)
+
+
+SANDBOXES.set_function(_alive)
 
 _serving = False
 OFF = -1  # the --metrics-port that serves nothing
@@ -137,11 +156,6 @@ def serve(port: int, host: str = "0.0.0.0") -> int | None:
     global _serving
     if port == OFF or _serving:
         return None
-    from rollstream.envs.base import FailureClass
-
-    # Every class from 0, so the first scored episodes show as an increase (rate() > 0).
-    for failure_class in get_args(FailureClass):
-        EPISODES.labels(failure_class)
     server = _Server((host, port), _Handler)
     threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
     _serving = True
@@ -159,8 +173,9 @@ class StageMetrics:
     `_StageCollector` when scraped: a prometheus_client Counter.inc or Histogram.observe took
     4-8 us here, more than a forwarding stage spends on an event."""
 
-    def __init__(self, stage: str) -> None:
+    def __init__(self, stage: str, job: str = "") -> None:
         self.stage = stage
+        self.job = job
         self.consumed_n = 0
         self.dead_lettered_n = 0
         self.produced_n: defaultdict[str, int] = defaultdict(int)
@@ -238,46 +253,63 @@ class _Off(StageMetrics):
 _stages: weakref.WeakSet[StageMetrics] = weakref.WeakSet()
 
 
+def _labels(labels: dict[str, str], job: str) -> dict[str, str]:
+    """`labels`, with the job's where the series is a job's (the module's doc)."""
+    return {**labels, JOB_LABEL: job} if job else labels
+
+
+# Samples are added one by one (Metric.add_sample) because one family holds series with and
+# without the job label; add_metric takes one fixed list of label names.
+def _counter(family: Metric, labels: dict[str, str], value: float) -> None:
+    family.add_sample(family.name + "_total", labels, value)
+
+
+def _histogram(family: Metric, labels: dict[str, str], bounds: Iterable[float],
+               counts: list[int], total: float) -> None:
+    """A histogram's series from its per-bucket counts (the last: above every bound)."""
+    cumulative = list(itertools.accumulate(counts))
+    for bound, n in zip((*map(floatToGoString, bounds), "+Inf"), cumulative, strict=True):
+        family.add_sample(family.name + "_bucket", {**labels, "le": bound}, n)
+    family.add_sample(family.name + "_count", labels, cumulative[-1])
+    family.add_sample(family.name + "_sum", labels, total)
+
+
 class _StageCollector(Collector):
-    """The StageMetrics of this process as Prometheus families (instances of one stage summed)."""
+    """The StageMetrics of this process as Prometheus families (instances of one stage of one
+    job summed)."""
 
     def collect(self) -> Iterator[Metric]:
         consumed = CounterMetricFamily("rollstream_events_consumed_total",
                                        "Input events a stage finished (handled or "
-                                       "dead-lettered)", labels=["stage"])
+                                       "dead-lettered)")
         produced = CounterMetricFamily("rollstream_events_produced_total",
-                                       "Events a stage produced, by destination topic",
-                                       labels=["stage", "topic"])
+                                       "Events a stage produced, by destination topic")
         dead = CounterMetricFamily("rollstream_events_dead_lettered_total",
-                                   "Input events sent to the dead-letter topic", labels=["stage"])
+                                   "Input events sent to the dead-letter topic")
         in_flight = GaugeMetricFamily("rollstream_in_flight_events",
-                                      "Events a stage is working on now", labels=["stage"])
+                                      "Events a stage is working on now")
         paused = GaugeMetricFamily("rollstream_paused_partitions",
-                                   "Input partitions paused for backpressure", labels=["stage"])
+                                   "Input partitions paused for backpressure")
         latency = HistogramMetricFamily("rollstream_event_latency_seconds",
                                         "From an input event's timestamp to the stage finishing "
-                                        "it (a sync stage: a sample of each batch)",
-                                        labels=["stage"])
-        by_stage: dict[str, list[StageMetrics]] = {}
+                                        "it (a sync stage: a sample of each batch)")
+        by_stage: dict[tuple[str, str], list[StageMetrics]] = {}
         for m in list(_stages):
-            by_stage.setdefault(m.stage, []).append(m)
-        for stage, ms in sorted(by_stage.items()):
-            consumed.add_metric([stage], sum(m.consumed_n for m in ms))
-            dead.add_metric([stage], sum(m.dead_lettered_n for m in ms))
-            in_flight.add_metric([stage], sum(m.in_flight_n for m in ms))
-            paused.add_metric([stage], sum(m.paused_n for m in ms))
+            by_stage.setdefault((m.stage, m.job), []).append(m)
+        for (stage, job), ms in sorted(by_stage.items()):
+            labels = _labels({"stage": stage}, job)
+            _counter(consumed, labels, sum(m.consumed_n for m in ms))
+            _counter(dead, labels, sum(m.dead_lettered_n for m in ms))
+            in_flight.add_sample(in_flight.name, labels, sum(m.in_flight_n for m in ms))
+            paused.add_sample(paused.name, labels, sum(m.paused_n for m in ms))
             topics: dict[str, int] = {}
             for m in ms:
                 for topic, n in list(m.produced_n.items()):
                     topics[topic] = topics.get(topic, 0) + n
             for topic, n in sorted(topics.items()):
-                produced.add_metric([stage, topic], n)
+                _counter(produced, {**labels, "topic": topic}, n)
             counts = [sum(c) for c in zip(*(list(m.latency_counts) for m in ms), strict=True)]
-            cumulative = list(itertools.accumulate(counts))
-            buckets = [(floatToGoString(b), c) for b, c in zip(LATENCY_BUCKETS, cumulative,
-                                                                 strict=False)]
-            latency.add_metric([stage], [*buckets, ("+Inf", cumulative[-1])],
-                               sum(m.latency_sum for m in ms))
+            _histogram(latency, labels, LATENCY_BUCKETS, counts, sum(m.latency_sum for m in ms))
         yield from (consumed, produced, dead, in_flight, paused, latency)
 
 
@@ -285,16 +317,134 @@ REGISTRY.register(_StageCollector())
 
 
 def for_stage(stage: str) -> StageMetrics:
-    """The stage's metrics when this process serves them, else the no-op ones."""
-    return StageMetrics(stage) if _serving else _Off(stage)
+    """The stage's metrics when this process serves them, else the no-op ones; they count for
+    the job whose context this is called in (`job_context`)."""
+    return StageMetrics(stage, _job.get()) if _serving else _Off(stage)
+
+
+# -- per-job accounting -------------------------------------------------------------------------
+
+_job: contextvars.ContextVar[str] = contextvars.ContextVar("rollstream_job", default="")
+
+
+@dataclass
+class JobCounts:
+    """What one job's stages counted in this process (job "": the process serves no fleet)."""
+
+    # Every class from 0, so the first scored episodes show as an increase (rate() > 0).
+    episodes: dict[str, int] = field(
+        default_factory=lambda: dict.fromkeys(get_args(FailureClass), 0))
+    turns: int = 0
+    sampled_tokens: int = 0
+    server_seconds: float = 0.0  # its completion requests' time on the inference servers
+    sandbox_seconds: float = 0.0  # of its destroyed sandboxes (live ones: added when scraped)
+    staleness_counts: list[int] = field(
+        default_factory=lambda: [0] * (len(STALENESS_BUCKETS) + 1))
+    staleness_sum: float = 0.0
+    newest_version: int = -1  # the newest policy version of a turn it scored
+
+
+_jobs: dict[str, JobCounts] = {"": JobCounts()}
+
+
+def job_context(name: str) -> contextvars.Context:
+    """A copy of the current context in which what is counted counts for job `name`: build a
+    job's stage and runtime with `context.run` and start its task with `context=`; the tasks
+    it starts (its events' handlers) inherit it."""
+    _jobs.setdefault(name, JobCounts())
+    context = contextvars.copy_context()
+    context.run(_job.set, name)
+    return context
+
+
+def forget_job(name: str) -> None:
+    """Drop job `name`'s series: this process no longer serves it (paused, cancelled, deleted
+    or moved), so the label's values stay as many as the jobs served. Served again, it counts
+    from 0 (a counter reset, which rate() and increase() take in their stride)."""
+    if not name:
+        return
+    _jobs.pop(name, None)
+    for m in list(_stages):
+        if m.job == name:
+            _stages.discard(m)
+
+
+def _counts() -> JobCounts:
+    """The counts of the job this runs for. A count that comes after its job was forgotten (an
+    episode cut off as the job stopped) goes to a throwaway: its series stay gone."""
+    counts = _jobs.get(_job.get())
+    return JobCounts() if counts is None else counts
+
+
+class _JobCollector(Collector):
+    """Each job's counts (`JobCounts`) as Prometheus families."""
+
+    def collect(self) -> Iterator[Metric]:
+        episodes = CounterMetricFamily("rollstream_episodes_total",
+                                       "Episodes scored, by failure class (EVAL)")
+        turns = CounterMetricFamily("rollstream_turns_total", "Agent turns sampled (RUN)")
+        tokens = CounterMetricFamily("rollstream_sampled_tokens_total",
+                                     "Completion tokens the inference servers sampled (RUN)")
+        server = CounterMetricFamily("rollstream_server_seconds_total",
+                                     "Seconds completion requests held an inference server "
+                                     "(RUN): a job's share of the servers' time is its rate "
+                                     "over every job's")
+        sandbox = CounterMetricFamily("rollstream_sandbox_seconds_total",
+                                      "Seconds sandboxes were alive, created to destroyed "
+                                      "(live ones: up to now)")
+        staleness = HistogramMetricFamily("rollstream_episode_staleness_versions",
+                                          "Policy versions between a scored episode's oldest "
+                                          "turn and the newest version of a turn this process "
+                                          "scored for the job (EVAL)")
+        with _sandbox_lock:
+            now = time.monotonic()
+            alive: defaultdict[str, float] = defaultdict(float)
+            for job, started in list(_sandboxes.values()):
+                alive[job] += now - started
+            jobs = [(name, c, c.sandbox_seconds) for name, c in list(_jobs.items())]
+        for name, c, sandbox_seconds in sorted(jobs, key=lambda j: j[0]):
+            labels = _labels({}, name)
+            for failure_class, n in list(c.episodes.items()):
+                _counter(episodes, {"failure_class": failure_class, **labels}, n)
+            _counter(turns, labels, c.turns)
+            _counter(tokens, labels, c.sampled_tokens)
+            _counter(server, labels, c.server_seconds)
+            _counter(sandbox, labels, sandbox_seconds + alive[name])
+            _histogram(staleness, labels, STALENESS_BUCKETS, list(c.staleness_counts),
+                       c.staleness_sum)
+        yield from (episodes, turns, tokens, server, sandbox, staleness)
+
+
+REGISTRY.register(_JobCollector())
 
 
 # -- domain events (one call each from the code where they happen) ---------------------------
 
-def scored(env: str, failure_class: str, reward: float | None) -> None:
-    EPISODES.labels(failure_class).inc()
+def scored(env: str, failure_class: str, reward: float | None,
+           versions: Iterable[int] = ()) -> None:
+    """An episode scored; `versions`: its turns' policy versions (negative: unknown)."""
+    counts = _counts()
+    counts.episodes[failure_class] += 1
     if reward is not None:
         REWARD.labels(env).observe(reward)
+    known = [v for v in versions if v >= 0]
+    if known:
+        counts.newest_version = max(counts.newest_version, *known)
+        stale = counts.newest_version - min(known)
+        counts.staleness_counts[bisect.bisect_left(STALENESS_BUCKETS, stale)] += 1
+        counts.staleness_sum += stale
+
+
+def turn(sampled_tokens: int) -> None:
+    """RUN recorded an agent turn whose completion had `sampled_tokens` ids."""
+    counts = _counts()
+    counts.turns += 1
+    counts.sampled_tokens += sampled_tokens
+
+
+def server_time(seconds: float) -> None:
+    """A completion request held an inference server this long (whatever its outcome)."""
+    _counts().server_seconds += seconds
 
 
 def trained(version: int, samples: list[Any], tokens: float) -> None:
@@ -345,8 +495,18 @@ def servers_checked(version: int, listed: int, healthy: int) -> None:
 
 
 def track_sandbox(sandbox: Any) -> None:
-    """Count a sandbox as alive until it is destroyed (`closed`) or garbage."""
-    _sandboxes.add(sandbox)
+    """Count a sandbox as alive, for the job it was created for, until it is destroyed
+    (`sandbox_destroyed`) or garbage."""
+    with _sandbox_lock:
+        _sandboxes[sandbox] = (_job.get(), time.monotonic())
+
+
+def sandbox_destroyed(sandbox: Any) -> None:
+    """Add a destroyed sandbox's lifetime to its job's sandbox-seconds."""
+    with _sandbox_lock:
+        tracked = _sandboxes.pop(sandbox, None)
+        if tracked is not None and tracked[0] in _jobs:
+            _jobs[tracked[0]].sandbox_seconds += time.monotonic() - tracked[1]
 
 
 # -- the pipeline as `rollstream status --watch` sees it (an exporter for lag and the DLQ) -----

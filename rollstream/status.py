@@ -7,7 +7,8 @@ markers take offsets too, so `end - committed` would never reach 0), unless more
 EXACT_LAG_LIMIT are waiting; then it is `end - committed`, marked approximate. Also: the
 dead-letter count and latest reasons, the newest policy version (the trainer's position is the
 `train` group's lag), inference servers' health and load, and in-flight events where the
-stages' /metrics URLs are given.
+stages' /metrics URLs are given. For one job of a shared fleet (`--job`), the in-flight events
+and the job's accounting (`job_numbers`) count only the series labelled with the job.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from confluent_kafka.admin import AdminClient
 from rollstream import kafka, policy_versions
 from rollstream.config import Settings
 from rollstream.graph import BRIDGE, STAGES, input_of
+from rollstream.metrics import JOB_LABEL
 
 EXACT_LAG_LIMIT = 20_000
 # (stage, consumer group suffix, input topic attribute of Topics), from the topic graph
@@ -43,8 +45,11 @@ def _get(url: str, timeout: float = 3.0) -> tuple[int, str]:
 class Inspector:
     """Reads the pipeline's state; keeps its Kafka clients between refreshes."""
 
-    def __init__(self, settings: Settings, metrics_urls: list[str] | None = None) -> None:
+    def __init__(self, settings: Settings, metrics_urls: list[str] | None = None,
+                 job: str | None = None) -> None:
+        """`job`: the job of a shared fleet shown (`settings` under its prefix)."""
         self.settings = settings
+        self.job = job
         self.admin = AdminClient(settings.kafka())
         self.probe = kafka.reader(settings, [])
         self.metrics_urls = metrics_urls or []
@@ -159,12 +164,16 @@ class Inspector:
                 families += text_string_to_metric_families(text)
         return families
 
-    def in_flight(self) -> dict[str, float]:
-        """Events in flight per stage, summed over the /metrics pages given."""
+    def _ours(self, sample: Any) -> bool:
+        """Whether a sample counts for what is shown: the job's own, where one is shown."""
+        return self.job is None or sample.labels.get(JOB_LABEL) == self.job
+
+    def in_flight(self, families: list[Any]) -> dict[str, float]:
+        """Events in flight per stage, summed over the /metrics pages' `families`."""
         totals: dict[str, float] = {}
-        for family in self._families():
+        for family in families:
             if family.name == "rollstream_in_flight_events":
-                for s in family.samples:
+                for s in filter(self._ours, family.samples):
                     totals[s.labels["stage"]] = totals.get(s.labels["stage"], 0) + s.value
         return totals
 
@@ -178,13 +187,52 @@ class Inspector:
                 # Offsets include transaction markers: a rate a little above the event rate.
                 s["rate"] = round((s["committed"] - before[s["stage"]]) / (now - then), 2)
         self._previous = now, positions
-        in_flight = self.in_flight() if self.metrics_urls else {}
+        families = self._families()
+        in_flight = self.in_flight(families)
         for s in stages:
             if s["stage"] in in_flight:
                 s["in_flight"] = int(in_flight[s["stage"]])
-        return {"prefix": self.settings.prefix, "at_ms": int(time.time() * 1000),
+        snap = {"prefix": self.settings.prefix, "at_ms": int(time.time() * 1000),
                 "stages": stages, "dlq": self.dead_letters(), "policy": self.policy(),
                 "servers": self.servers()}
+        if self.job is not None:
+            snap["job"] = {"name": self.job, **(job_numbers(families, self.job) if families
+                                                else {})}
+        return snap
+
+
+def job_numbers(families: list[Any], job: str) -> dict[str, Any]:
+    """Job `job`'s accounting, summed over the /metrics pages' `families` (each process's
+    counts since it started serving the job): episodes scored (by failure class), turns,
+    sampled tokens, dead letters, server-seconds and their share of every job's on these
+    pages, sandbox-seconds, and the mean staleness of its scored episodes."""
+    sums: dict[str, float] = {}
+    classes: dict[str, float] = {}
+    all_server_s = 0.0
+    for family in families:
+        for s in family.samples:
+            if s.name == "rollstream_server_seconds_total":
+                all_server_s += s.value
+            if s.labels.get(JOB_LABEL) != job:
+                continue
+            sums[s.name] = sums.get(s.name, 0.0) + s.value
+            if s.name == "rollstream_episodes_total":
+                fc = s.labels["failure_class"]
+                classes[fc] = classes.get(fc, 0) + s.value
+    server_s = sums.get("rollstream_server_seconds_total", 0.0)
+    stale_n = sums.get("rollstream_episode_staleness_versions_count", 0.0)
+    return {
+        "episodes": int(sums.get("rollstream_episodes_total", 0)),
+        "failure_classes": {fc: int(n) for fc, n in sorted(classes.items())},
+        "turns": int(sums.get("rollstream_turns_total", 0)),
+        "sampled_tokens": int(sums.get("rollstream_sampled_tokens_total", 0)),
+        "dead_letters": int(sums.get("rollstream_events_dead_lettered_total", 0)),
+        "server_seconds": round(server_s, 3),
+        "server_share": round(server_s / all_server_s, 4) if all_server_s else None,
+        "sandbox_seconds": round(sums.get("rollstream_sandbox_seconds_total", 0.0), 3),
+        "staleness_mean": (round(sums["rollstream_episode_staleness_versions_sum"]
+                                 / stale_n, 3) if stale_n else None),
+    }
 
 
 def render(snap: dict[str, Any]) -> Any:
@@ -206,8 +254,25 @@ def render(snap: dict[str, Any]) -> Any:
                 if policy and policy["mean_reward"] is not None else ""),
              f"dead letters: {snap['dlq']['count']}"]
     lines += [f"  {d['at']} {d['stage']}: {d['reason']}" for d in snap["dlq"]["latest"]]
+    if "job" in snap:
+        lines.append(_job_line(snap["job"]))
     for srv in snap["servers"]:
         load = ", ".join(f"{k} {v:g}" for k, v in sorted(srv["load"].items()))
         lines.append(f"server {srv['url']}: {'up' if srv['healthy'] else 'DOWN'}"
                      + (f" ({load})" if load else ""))
     return Group(*lines)
+
+
+def _job_line(job: dict[str, Any]) -> str:
+    if "episodes" not in job:
+        return f"job {job['name']}: give the fleet's --metrics-url for its episodes and usage"
+    classes = ", ".join(f"{fc} {n}" for fc, n in job["failure_classes"].items() if n)
+    share = job["server_share"]
+    stale = job["staleness_mean"]
+    return (f"job {job['name']} (from /metrics): {job['episodes']} episodes scored"
+            + (f" ({classes})" if classes else "")
+            + f", {job['turns']} turns, {job['sampled_tokens']} tokens sampled, "
+            f"{job['dead_letters']} dead-lettered, server time {job['server_seconds']:g} s"
+            + (f" ({share:.0%} of all jobs')" if share is not None else "")
+            + f", sandbox time {job['sandbox_seconds']:g} s"
+            + (f", staleness {stale:g} versions on average" if stale is not None else ""))

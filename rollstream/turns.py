@@ -154,6 +154,7 @@ class Turns:
         turns = trajectory["turns"]
         completion = sampled.completion
         turns.append(turn_record(len(turns), sampled, step, env_ms))
+        metrics.turn(len(completion.token_ids))
         episode.sample += sampled.prompt_ids + completion.token_ids
         episode.tokens += len(sampled.prompt_ids) + len(completion.token_ids)
         episode.state = step.state

@@ -46,7 +46,8 @@ class EvalStage(Stage):
         if not self.seen.claim(ctx.partition, trajectory["episode_id"]):
             return []
         score = termination_score(trajectory) or await env.evaluate(task, trajectory)
-        metrics.scored(task["env"], score.failure_class, score.reward)
+        metrics.scored(task["env"], score.failure_class, score.reward,
+                       [turn["policy_version"] for turn in trajectory["turns"]])
         marker = self.seen.marker(ctx.partition, trajectory["episode_id"])
         return [marker, Output(self.topics.scored, trajectory["episode_id"], SCORED_TRAJECTORY, {
             "trajectory": trajectory,

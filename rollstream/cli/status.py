@@ -18,7 +18,9 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
                     "partitions, lag (events waiting past its committed offsets; '~' marks an "
                     "estimate when very many wait), events/s over the interval, in-flight "
                     "events (with --metrics-url); dead letters; the newest policy version; "
-                    "inference servers' health and load (--policy-url). With --watch and "
+                    "inference servers' health and load (--policy-url). With --job and the "
+                    "fleet's --metrics-url: the job's episodes, turns, sampled tokens, dead "
+                    "letters, server and sandbox time and staleness. With --watch and "
                     "--metrics-port it also serves lag, members, committed offsets, dead "
                     "letters and the policy version as Prometheus gauges.")
     parser.add_argument("--json", action="store_true", help="print one JSON object per refresh")
@@ -39,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
         common.log_to_stderr()
     metrics.serve(settings.metrics_port if args.watch else metrics.OFF)
     ready = health.component("status", "first look at the pipeline")
-    inspector = Inspector(settings, args.metrics_url)
+    inspector = Inspector(settings, args.metrics_url, job=args.job)
     try:
         metrics.pipeline_status(inspector.snapshot())  # the first look: rates need two
         ready.ready()

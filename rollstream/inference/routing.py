@@ -41,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -206,6 +207,7 @@ class Router:
         lora = server.lora
         label_before = server.weight_label
         server.in_flight += 1
+        started = time.monotonic()
         try:
             completion = await server.client.complete(
                 prompt_ids, sampling, stop_token_ids, model=lora[0] if lora else None)
@@ -223,6 +225,7 @@ class Router:
             raise AdapterMissing(f"{lora[0]} is gone: {exc}", server=server.url) from exc
         finally:
             server.in_flight -= 1
+            metrics.server_time(time.monotonic() - started)  # the job's share of server time
         server.failures = 0
         server.healthy = True
         metrics.inference_request(server.url, ok=True)

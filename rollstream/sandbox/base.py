@@ -114,6 +114,15 @@ class Sandbox(ABC):
     def workdir(self) -> str:
         return self.spec.workdir
 
+    def _closing(self) -> bool:
+        """Mark the sandbox closed as its destruction starts (its lifetime counts for its job's
+        sandbox-seconds); False where it already was: destroying is idempotent."""
+        if self.closed:
+            return False
+        self.closed = True
+        metrics.sandbox_destroyed(self)
+        return True
+
     async def exec(
         self,
         command: str | Sequence[str],

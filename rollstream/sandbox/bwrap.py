@@ -332,8 +332,7 @@ class BwrapSandbox(Sandbox):
             raise OSError(f"cannot write {', '.join(files)}: {result.text.strip()}")
 
     async def destroy(self) -> None:
-        if not self.closed:
-            self.closed = True
+        if self._closing():
             try:
                 await asyncio.to_thread(self._backend.remove, self.id)
             except SandboxError as exc:

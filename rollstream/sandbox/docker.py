@@ -216,8 +216,7 @@ class DockerSandbox(Sandbox):
                 raise OSError(f"cannot write {', '.join(group)}")
 
     async def destroy(self) -> None:
-        if not self.closed:
-            self.closed = True
+        if self._closing():
             await asyncio.to_thread(DockerBackend.remove_container, self.container)
 
 

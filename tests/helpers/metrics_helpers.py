@@ -3,7 +3,13 @@ samples scraped over HTTP."""
 
 from __future__ import annotations
 
+import json
+import shutil
+import subprocess
+import urllib.parse
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -19,6 +25,43 @@ def scrape(port: int) -> dict[tuple[str, tuple], float]:
         text = r.read().decode()
     return {(s.name, tuple(sorted(s.labels.items()))): s.value
             for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+PROMETHEUS = shutil.which("prometheus")
+
+
+@contextmanager
+def prometheus(workdir: Path, ports: dict[str, int]) -> Iterator[str]:
+    """A real Prometheus server scraping every second each process of `ports` (name -> its
+    /metrics port), labelled `process=<name>`; yields its base URL once it is ready."""
+    assert PROMETHEUS is not None
+    port = free_port()
+    config = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+              "scrape_configs": [{"job_name": "rollstream", "static_configs": [
+                  {"targets": [f"127.0.0.1:{p}"], "labels": {"process": name}}
+                  for name, p in ports.items()]}]}
+    (workdir / "prometheus.yml").write_text(json.dumps(config))  # YAML is a superset of JSON
+    server = subprocess.Popen(
+        [PROMETHEUS, f"--config.file={workdir / 'prometheus.yml'}",
+         f"--storage.tsdb.path={workdir / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}"],
+        stdout=open(workdir / "prometheus.log", "wb"),  # noqa: SIM115 - the process owns it
+        stderr=subprocess.STDOUT)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        wait_http(f"{base}/-/ready", timeout=120, proc=server)
+        yield base
+    finally:
+        server.terminate()
+        server.wait(30)
+
+
+def query(base: str, promql: str) -> list[dict]:
+    """An instant PromQL query's result."""
+    url = f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
+    with urllib.request.urlopen(url, timeout=10) as r:
+        body = json.loads(r.read())
+    assert body["status"] == "success", body
+    return body["data"]["result"]
 
 
 def value(samples: dict, name: str, **labels: str) -> float:

@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from confluent_kafka import TopicPartition
 
 from producers.publish import publish, validate_task
@@ -152,3 +153,72 @@ def test_the_controller_serves_its_updates(settings: Settings, tmp_path: Path) -
     assert value(samples, "rollstream_controller_servers") == 2
     assert value(samples, "rollstream_controller_servers_healthy") == 1
     assert value(samples, "rollstream_controller_latest_policy_version") == 1
+
+
+def test_what_a_jobs_tasks_count_carries_its_label_until_it_is_forgotten(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two jobs' contexts in one process: each job's stage series, turns, server time,
+    sandbox-seconds and staleness count only what ran in its context (its tasks' tasks too);
+    forgetting a job drops its series, and a count that comes later does not bring them back."""
+    from prometheus_client import REGISTRY
+
+    from rollstream import metrics
+    from rollstream.sandbox.base import Sandbox, SandboxSpec
+
+    class Workspace(Sandbox):
+        backend = "test"
+
+        async def _run(self, *args: object) -> tuple[int, bool]:
+            return 0, False
+
+        async def write_files(self, files: object) -> None: ...
+
+        async def destroy(self) -> None:
+            self._closing()
+
+    def sample(name: str, job: str, **labels: str) -> float | None:
+        return REGISTRY.get_sample_value(name, {**labels, metrics.JOB_LABEL: job})
+
+    monkeypatch.setattr(metrics, "_serving", True)  # for_stage: real series, not the no-ops
+    jobs = {name: metrics.job_context(name) for name in ("job-x", "job-y")}
+    assert sample("rollstream_episodes_total", "job-x", failure_class="ok") == 0  # from 0
+    stage = jobs["job-x"].run(metrics.for_stage, "eval")
+    stage.dead_lettered()
+
+    async def episode(turns: int, versions: list[int]) -> None:
+        async def play() -> None:  # a task of the job's task: it inherits the job
+            for _ in range(turns):
+                metrics.turn(5)
+                metrics.server_time(0.25)
+            box = Workspace("w", SandboxSpec())
+            await asyncio.sleep(0.05)
+            await box.destroy()
+            metrics.scored("envx", "ok", 1.0, versions)
+
+        await asyncio.create_task(play())
+
+    async def both() -> None:
+        await asyncio.gather(
+            asyncio.create_task(episode(3, [2, 4]), context=jobs["job-x"]),
+            asyncio.create_task(episode(1, [-1]), context=jobs["job-y"]))
+
+    asyncio.run(both())
+    assert sample("rollstream_turns_total", "job-x") == 3
+    assert sample("rollstream_sampled_tokens_total", "job-x") == 15
+    assert sample("rollstream_server_seconds_total", "job-x") == 0.75
+    assert sample("rollstream_turns_total", "job-y") == 1
+    assert sample("rollstream_episodes_total", "job-y", failure_class="ok") == 1
+    for name in jobs:
+        assert 0.05 <= (sample("rollstream_sandbox_seconds_total", name) or 0) < 5, name
+    assert sample("rollstream_events_dead_lettered_total", "job-x", stage="eval") == 1
+    assert sample("rollstream_events_dead_lettered_total", "job-y", stage="eval") is None
+    # x's episode began at version 2 while 4 was the newest it saw: 2 stale; y's: unknown.
+    assert sample("rollstream_episode_staleness_versions_sum", "job-x") == 2
+    assert sample("rollstream_episode_staleness_versions_count", "job-y") == 0
+
+    metrics.forget_job("job-x")
+    jobs["job-x"].run(metrics.turn, 7)  # late, as an episode cut off while the job stopped
+    assert sample("rollstream_turns_total", "job-x") is None
+    assert sample("rollstream_events_dead_lettered_total", "job-x", stage="eval") is None
+    assert sample("rollstream_turns_total", "job-y") == 1
+    metrics.forget_job("job-y")

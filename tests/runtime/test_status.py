@@ -73,3 +73,24 @@ def test_status_shows_every_stage_drained_and_metrics_match(settings: Settings,
     assert scored_total == TASKS * GROUP
     assert value(samples["run"], "rollstream_inference_requests_total", server=url,
                  outcome="ok") >= TASKS * GROUP
+
+
+def test_status_renders_a_jobs_numbers() -> None:
+    from rich.console import Console
+
+    from rollstream.status import render
+
+    snap = {"prefix": "rs.alpha", "stages": [], "policy": None, "servers": [],
+            "dlq": {"count": 1, "latest": []},
+            "job": {"name": "alpha", "episodes": 10, "failure_classes": {"ok": 9, "infra": 1},
+                    "turns": 12, "sampled_tokens": 60, "dead_letters": 1,
+                    "server_seconds": 3.5, "server_share": 0.25, "sandbox_seconds": 0.0,
+                    "staleness_mean": 1.5}}
+    console = Console(record=True, width=300)
+    console.print(render(snap))
+    text = console.export_text()
+    assert ("job alpha (from /metrics): 10 episodes scored (ok 9, infra 1), 12 turns, "
+            "60 tokens sampled, 1 dead-lettered, server time 3.5 s (25% of all jobs'), "
+            "sandbox time 0 s, staleness 1.5 versions on average") in text
+    console.print(render({**snap, "job": {"name": "alpha"}}))  # no --metrics-url given
+    assert "job alpha: give the fleet's --metrics-url" in console.export_text()
