@@ -122,10 +122,14 @@ class StageRuntime:
     """Runs a stage on the consume loop: dispatch (sync or async), restores, drain."""
 
     def __init__(self, stage: Stage, settings: Settings, drain_timeout_s: float = 30.0, *,
-                 shared: bool = False, label: str = "") -> None:
+                 shared: bool = False, label: str = "",
+                 limit: Callable[[int], int | None] | None = None) -> None:
         """`shared`: one of several runtimes on one event loop (see the module's docstring);
-        `label` names it in /ready beside the stage (e.g. the job it serves)."""
+        `label` names it in /ready beside the stage (e.g. the job it serves); `limit`: how
+        many more events may start now, given those in flight (a job's quotas), beside the
+        stage's own capacity; None from it: no limit."""
         self.stage = stage
+        self.limit = limit
         self.settings = settings
         self.shared = shared
         self.topic = stage.input_topic()
@@ -243,11 +247,8 @@ class StageRuntime:
             return self._poll_async()
         # A sync handler finishes each event at once, so its batch is only bounded by what one
         # loop iteration should take.
-        free = MAX_BATCH
-        room = self.stage.capacity()
-        if room is not None:
-            free = min(free, room)
-        msgs = self._fetch(free)
+        room = self._room()
+        msgs = self._fetch(MAX_BATCH if room is None else min(MAX_BATCH, room))
         if msgs:
             self._run_sync(msgs)
         return bool(msgs)
@@ -259,9 +260,16 @@ class StageRuntime:
         self._waiting.extend(msgs)
         if self.loop.interrupted:  # what is not committed is redone first (see _step)
             return bool(msgs)
-        room = self.stage.capacity()
+        room = self._room()
         started = self._start_waiting(len(self._waiting) if room is None else room)
         return bool(msgs) or started > 0
+
+    def _room(self) -> int | None:
+        """How many events may start now: the stage's capacity within the runtime's limit;
+        None: no bound."""
+        rooms = (self.stage.capacity(),
+                 None if self.limit is None else self.limit(len(self._tasks)))
+        return min((r for r in rooms if r is not None), default=None)
 
     def _fetch(self, free: int) -> list[Message]:
         """Up to `free` events; at 0 the partitions are paused and the group is only served."""
