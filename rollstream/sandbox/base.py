@@ -17,7 +17,7 @@ import logging
 import tarfile
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -108,7 +108,18 @@ class Sandbox(ABC):
         self.id = sandbox_id
         self.spec = spec
         self.closed = False
+        self._when_destroyed: list[Callable[[], None]] = []
         metrics.track_sandbox(self)
+
+    def when_destroyed(self, callback: Callable[[], None]) -> None:
+        """Call `callback` once the sandbox is destroyed (e.g. to free its job's quota slot)."""
+        self._when_destroyed.append(callback)
+
+    def _destroyed(self) -> None:
+        """What a backend's `destroy` calls last, whether or not the removal worked."""
+        callbacks, self._when_destroyed = self._when_destroyed, []
+        for callback in callbacks:
+            callback()
 
     @property
     def workdir(self) -> str:

@@ -341,6 +341,7 @@ class BwrapSandbox(Sandbox):
             finally:
                 if self.holder is not None:
                     await asyncio.to_thread(_release, self.holder)
+                self._destroyed()
 
 
 def _release(holder: subprocess.Popen) -> None:

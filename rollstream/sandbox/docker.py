@@ -217,7 +217,10 @@ class DockerSandbox(Sandbox):
 
     async def destroy(self) -> None:
         if self._closing():
-            await asyncio.to_thread(DockerBackend.remove_container, self.container)
+            try:
+                await asyncio.to_thread(DockerBackend.remove_container, self.container)
+            finally:
+                self._destroyed()
 
 
 class DockerBackend(Backend):
