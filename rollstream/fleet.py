@@ -19,8 +19,9 @@ instead of blocking), and the fleet owns the signals.
 
 Fair share: RUN's jobs on the shared servers get `allowance` as their capacity, the weighted
 work-conserving share of the servers' slots (rollstream.fairshare), planned once per round of
-the jobs' asks (a `Plan`), not once per ask. Which jobs a fleet serves:
-those that name no group, or, with `fleet=NAME`, those that name that group (a dedicated fleet).
+the jobs' asks (a `Plan`), not once per ask. Quotas: each job's runtime runs with the job's
+JobQuotas (rollstream.quotas) as its limit and in its context. Which jobs a fleet serves: those
+that name no group, or, with `fleet=NAME`, those that name that group (a dedicated fleet).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from rollstream.consume.stopping import Stopping
 from rollstream.events import Job
 from rollstream.fairshare import Demand, Plan
 from rollstream.jobs import ACTIVE, JobReader, job_settings
+from rollstream.quotas import CURRENT, JobQuotas
 from rollstream.runtime import Stage, StageRuntime
 
 log = logging.getLogger("rollstream.fleet")
@@ -60,6 +62,7 @@ class Served:
     settings: Settings
     runtime: StageRuntime
     task: asyncio.Task[None]
+    quotas: JobQuotas
 
 
 class Fleet:
@@ -112,7 +115,8 @@ class Fleet:
                              "deleted" if job is None else job["state"])
                     served.runtime.stop()
             else:
-                served.job = job  # weight, quota and priority count from now on
+                # Weight, quotas and priority count from now on.
+                served.job = served.quotas.job = job
         now = time.monotonic()
         for name, job in jobs.items():
             if name not in self.served and self.serves(job) and now >= self._retry_at.get(name, 0):
@@ -123,12 +127,16 @@ class Fleet:
         context = metrics.job_context(job["name"])  # what its stage counts carries its name
         stage = context.run(self.make_stage, settings, job,
                             functools.partial(self.allowance, job["name"]))
+        quotas = JobQuotas(job, stage.name, settings)
+        # Every task of the runtime inherits the context: its sandboxes and turns find the
+        # job's quotas there too (rollstream.quotas.current).
+        context.run(CURRENT.set, quotas)
         runtime = context.run(StageRuntime, stage, settings, self.drain_timeout_s, shared=True,
-                              label=f"job {job['name']}")
+                              label=f"job {job['name']}", limit=quotas.room)
         log.info("fleet: serving job %s (prefix %s) as group %s", job["name"], job["prefix"],
                  runtime.group)
         task = asyncio.create_task(runtime.serve(), name=f"job {job['name']}", context=context)
-        self.served[job["name"]] = Served(job, settings, runtime, task)
+        self.served[job["name"]] = Served(job, settings, runtime, task, quotas)
 
     def _reap(self) -> None:
         """Forget the runtimes that ended; one that failed is started again later."""
@@ -137,6 +145,7 @@ class Fleet:
                 continue
             del self.served[name]
             served.runtime.loop.health.close()
+            served.quotas.close()
             error = None if served.task.cancelled() else served.task.exception()
             if error is not None:
                 log.error("fleet: job %s failed; starting it again in %.0f s", name, RETRY_S,

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from rollstream import metrics
+from rollstream import metrics, quotas
 from rollstream.codec import pack_ids, pack_logprobs, unpack_ids
 from rollstream.envs.base import StepResult
 from rollstream.inference.chat import ChatTemplate
@@ -135,6 +135,9 @@ class Turns:
             raise EpisodeEnded()
         if observation is not None and turns:
             turns[-1]["observation"] = observation
+        job = quotas.current()
+        if job is not None:
+            await job.turn()  # its turns-per-second quota
         started = now_ms()
         try:
             completion = await self.complete(episode.sample + prompt_ids, trajectory, len(turns))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from rollstream import quotas
 from rollstream.admission import AdmissionGate
 from rollstream.bounds import check_task, show_id
 from rollstream.config import Settings
@@ -55,6 +56,9 @@ class InitStage(Stage):
             return []
         if self.gate is not None:
             self.gate.admit(task["task_id"])
+        job = quotas.current()
+        if job is not None:
+            job.took(task["group_size"])  # its tasks-queued quota
         now = int(time.time() * 1000)
         return [self.seen.marker(ctx.partition, task["task_id"])] + [
             Output(self.topics.episodes, episode_id(task["task_id"], i), EPISODE, {

@@ -8,8 +8,10 @@ task, and its absence is an error that says why.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import cache
 
+from rollstream import quotas
 from rollstream.sandbox import bwrap, docker
 from rollstream.sandbox.base import Backend, Sandbox, SandboxError, SandboxSpec
 from rollstream.sandbox.settings import BACKEND_ENV, current
@@ -62,5 +64,21 @@ def backend_name(image: str | None) -> str:
 
 
 async def create_sandbox(spec: SandboxSpec) -> Sandbox:
-    """A running sandbox from the backend the configuration picks for `spec`."""
-    return await get_backend(backend_name(spec.image)).create(spec)
+    """A running sandbox from the backend the configuration picks for `spec`. Inside a fleet's
+    job it is labelled with the job and, under the job's sandbox quota, waits for a free slot
+    of the job's, held until it is destroyed (rollstream.quotas)."""
+    backend = get_backend(backend_name(spec.image))
+    job = quotas.current()
+    if job is None:
+        return await backend.create(spec)
+    slot = await job.sandbox_slot()
+    try:
+        sandbox = await backend.create(replace(spec, labels={**spec.labels,
+                                                              "job": job.job["name"]}))
+    except BaseException:
+        if slot is not None:
+            slot.release()
+        raise
+    if slot is not None:
+        sandbox.when_destroyed(slot.release)
+    return sandbox

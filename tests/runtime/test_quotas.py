@@ -1,0 +1,234 @@
+"""A job's quotas on a shared fleet (rollstream.quotas), on the real broker with in-process
+fleets: a job at a quota is paused, nothing dropped, and the other jobs go on unlimited.
+
+- quota_turns_per_s: the turns sampled for the job, timed from their Turn records, stay at the
+  quota while a job without one samples faster;
+- quota_sandboxes: the job never has more sandboxes open (RUN's and EVAL's, counted from the
+  backend's own leases) while a job without one opens more;
+- quota_tasks_queued: INIT expands exactly the quota's tasks while RUN takes none, then the rest
+  as RUN works through them, while a job without one is expanded whole.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import replace
+
+import pytest
+from confluent_kafka import TopicPartition
+
+from producers.publish import publish, validate_task
+from rollstream import jobs, kafka
+from rollstream.codec import codec
+from rollstream.config import Settings
+from rollstream.dev.simulated import SimulatedServer
+from rollstream.envs import registry
+from rollstream.envs.base import Environment, Score, StepResult
+from rollstream.events import Job
+from rollstream.fleet import Fleet
+from rollstream.inference.routing import Router
+from rollstream.runtime import Stage
+from rollstream.sandbox import Sandbox, SandboxSpec, create_sandbox, get_backend
+from rollstream.topics import create_topics, delete_topics
+from stages.eval import EvalStage
+from stages.init import InitStage
+from stages.run import RunStage
+
+PARTITIONS = 2
+
+# Builds a job's stage, as a fleet's MakeStage does, given the one shared router too.
+MakeStage = Callable[[Settings, Job, Callable[[], int], Router], Stage]
+
+
+def trajectories(settings: Settings, topic: str) -> list[dict]:
+    parts = [TopicPartition(topic, p, 0) for p in range(PARTITIONS)]
+    return [codec().decode_as("Trajectory", m.value())
+            for m in kafka.read_partitions(settings, parts)]
+
+
+def count(settings: Settings, topic: str) -> int:
+    parts = [TopicPartition(topic, p, 0) for p in range(PARTITIONS)]
+    return sum(1 for _ in kafka.read_partitions(settings, parts, settle_s=0.5))
+
+
+async def all_have(settings: Settings, topics: list[str], n: int) -> bool:
+    """Every one of `topics` holds `n` committed records."""
+    for topic in topics:
+        if await asyncio.to_thread(count, settings, topic) != n:
+            return False
+    return True
+
+
+def tasks(job: str, n: int, env: str = "arithmetic", group_size: int = 1) -> list[dict]:
+    return [validate_task({"task_id": f"{job}-{i}", "env": env, "prompt": "1+1=",
+                           "data": {"answer": "2"}, "group_size": group_size, "max_turns": 1})
+            for i in range(n)]
+
+
+def guesses(job: str, n: int, turns: int) -> list[dict]:
+    """Episodes of `turns` turns each: the simulated server guesses digits, never the 15."""
+    return [validate_task({"task_id": f"{job}-{i}", "env": "guess_number", "prompt": "Guess.",
+                           "data": {"secret": 15, "low": 0, "high": 15}, "group_size": 1,
+                           "max_turns": turns})
+            for i in range(n)]
+
+
+@pytest.fixture
+def make_jobs(settings: Settings) -> Iterator[Callable[..., Job]]:
+    made: list[str] = []
+
+    def make(name: str, **fields: object) -> Job:
+        job = jobs.new_job(name, settings.prefix, **fields)
+        create_topics(settings.bootstrap_servers, job["prefix"], PARTITIONS,
+                      specs=jobs.JOB_TOPICS)
+        jobs.put(settings, job)
+        made.append(job["prefix"])
+        return job
+
+    yield make
+    for prefix in made:
+        delete_topics(settings.bootstrap_servers, prefix)
+
+
+async def serving(settings: Settings, stages: dict[str, MakeStage],
+                  until: Callable[[], Awaitable[bool]], timeout_s: float = 45) -> None:
+    """Fleets of the given stages (each its own, as separate processes would be) against one
+    simulated server taking 8 episodes at once, until `until()` holds."""
+    server = SimulatedServer(step_s=lambda running: 0.005)
+    url = await server.start()
+    router = Router([url], max_episodes=8)
+    await router.start()
+    fleets = {name: Fleet(replace(settings, policy_url=url, server_max_in_flight=8),
+                          lambda s, job, share, make=make: make(s, job, share, router),
+                          slots=router.slots, drain_timeout_s=5)
+              for name, make in stages.items()}
+    served = asyncio.gather(*(f.serve() for f in fleets.values()))
+    try:
+        deadline = time.monotonic() + timeout_s
+        while not await until():
+            assert time.monotonic() < deadline, "timed out"
+            assert not served.done(), served.exception()
+            await asyncio.sleep(0.1)
+    finally:
+        for fleet in fleets.values():
+            fleet.stop()
+        await served
+        await router.close()
+        await server.stop()
+
+
+INIT = {"init": lambda s, job, share, router: InitStage(s)}
+RUN = {"run": lambda s, job, share, router: RunStage(s, router=router, share=share)}
+EVAL = {"eval": lambda s, job, share, router: EvalStage(s)}
+
+
+def test_turns_per_second_stay_at_the_quota(settings: Settings, make_jobs) -> None:
+    paced = make_jobs("paced", quota_turns_per_s=5.0)
+    free = make_jobs("free")
+    per_job, turns = 6, 4
+    for job in (paced, free):
+        publish(jobs.job_settings(settings, job), guesses(job["name"], per_job, turns))
+    done = {name: jobs.job_settings(settings, job).topics.trajectories
+            for name, job in (("paced", paced), ("free", free))}
+
+    async def finished() -> bool:
+        return await all_have(settings, list(done.values()), per_job)
+
+    asyncio.run(serving(settings, INIT | RUN, finished))
+    rates = {}
+    for name, topic in done.items():
+        starts = sorted(turn["started_at_ms"] for trajectory in trajectories(settings, topic)
+                        for turn in trajectory["turns"])
+        assert len(starts) == per_job * turns  # all of them: paced, never dropped
+        rates[name] = (len(starts) - 1) / ((starts[-1] - starts[0]) / 1000)
+    # Paced at 5 a second (a busy machine only slows it); 2 ms of slack for the ms stamps.
+    n = per_job * turns
+    assert rates["paced"] <= (n - 1) / ((n - 1) / 5.0 - 0.002), rates
+    assert rates["free"] > 3 * 5.0, rates  # the other job is not held to it
+
+
+class Sandboxed(Environment):
+    """Holds a sandbox for each episode in RUN (from reset to close) and one while EVAL scores."""
+
+    name = "sandboxed"
+    description = "a sandbox per episode and per scoring"
+    live: dict[str, Sandbox] = {}
+
+    async def reset(self, task: dict) -> dict:
+        sandbox = await create_sandbox(SandboxSpec(labels={"stage": "run"}))
+        self.live[sandbox.id] = sandbox
+        return {"sandbox": sandbox.id}
+
+    async def step(self, task: dict, state: dict, completion_text: str) -> StepResult:
+        await asyncio.sleep(0.3)
+        return StepResult(None, True, None, state)
+
+    async def evaluate(self, task: dict, trajectory: dict) -> Score:
+        async with await create_sandbox(SandboxSpec(labels={"stage": "eval"})):
+            await asyncio.sleep(0.3)
+        return Score(1.0, "ok", {})
+
+    def validate_task(self, task: dict) -> None:
+        pass
+
+    async def close(self, task: dict, state: dict) -> None:
+        await self.live.pop(state["sandbox"]).destroy()
+
+
+def test_a_job_never_has_more_sandboxes_open_than_its_quota(
+        settings: Settings, make_jobs, monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    monkeypatch.setattr(registry, "_environments",
+                        lambda: {**registry.BUILTINS, Sandboxed.name: Sandboxed})
+    monkeypatch.setenv("ROLLSTREAM_SANDBOX_ROOT", str(tmp_path))
+    monkeypatch.setenv("ROLLSTREAM_SANDBOX", "bwrap")
+    made = {"capped": make_jobs("capped", quota_sandboxes=2), "open": make_jobs("open")}
+    per_job = 8
+    for name, job in made.items():
+        publish(jobs.job_settings(settings, job), tasks(name, per_job, env="sandboxed"))
+    scored = {name: jobs.job_settings(settings, job).topics.scored for name, job in made.items()}
+    most = dict.fromkeys(made, 0)
+    backend = get_backend("bwrap")
+
+    async def finished() -> bool:
+        for _ in range(5):  # a look every 20 ms at what is open
+            leases = await asyncio.to_thread(backend.leases)
+            for name in made:
+                most[name] = max(most[name], sum(1 for lease in leases
+                                                 if lease.labels.get("job") == name))
+            await asyncio.sleep(0.02)
+        return await all_have(settings, list(scored.values()), per_job)
+
+    asyncio.run(serving(settings, INIT | RUN | EVAL, finished, timeout_s=50))
+    assert most["capped"] == 2, most  # at its quota, never past it
+    assert most["open"] > 2, most
+    assert backend.leases() == []  # every sandbox destroyed
+
+
+def test_init_stops_taking_a_jobs_tasks_at_its_queue_quota(settings: Settings,
+                                                            make_jobs) -> None:
+    queued = make_jobs("queued", quota_tasks_queued=3)
+    whole = make_jobs("whole")
+    group, per_job = 2, 10
+    for job in (queued, whole):
+        publish(jobs.job_settings(settings, job), tasks(job["name"], per_job, group_size=group))
+    episodes = {job["name"]: jobs.job_settings(settings, job).topics.episodes
+                for job in (queued, whole)}
+    trajectories = jobs.job_settings(settings, queued).topics.trajectories
+
+    async def expanded() -> bool:
+        if not await all_have(settings, [episodes["whole"]], per_job * group):
+            return False
+        await asyncio.sleep(3)  # INIT has had time to take more of the other job, were it to
+        return True
+
+    # No RUN: nothing of the job's starts, so INIT stops at its quota of 3 tasks.
+    asyncio.run(serving(settings, INIT, expanded))
+    assert count(settings, episodes["queued"]) == 3 * group
+
+    async def ran() -> bool:
+        return await all_have(settings, [trajectories], per_job * group)
+
+    asyncio.run(serving(settings, INIT | RUN, ran))  # RUN works: the rest comes, none dropped
+    assert count(settings, episodes["queued"]) == per_job * group
