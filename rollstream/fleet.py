@@ -164,7 +164,10 @@ class Fleet:
         recent = time.monotonic() - WANTS_S
         return {
             n: Demand(weight=s.job["weight"], in_flight=s.runtime.in_flight,
-                      wants=s.runtime.waiting > 0 or _wants(s.runtime.loop.empty_since, recent),
+                      # A job its quotas hold back wants nothing: its share is the others'.
+                      wants=((s.runtime.waiting > 0
+                              or _wants(s.runtime.loop.empty_since, recent))
+                             and s.quotas.room(s.runtime.in_flight) != 0),
                       quota=s.job["quota_episodes"],
                       priority=s.job["priority"])
             for n, s in self.served.items() if not s.job["policy_urls"]

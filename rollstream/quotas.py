@@ -17,9 +17,9 @@ log. Quota 0 means none.
   a new event only while a slot is left for it: each counts its events in flight as sandboxes
   (an episode or a scoring opens at most one at a time), plus the slots held elsewhere.
 - quota_turns_per_s: RUN's sampled turns of the job, paced: each turn waits (asleep) until
-  1/quota after the previous one's moment (a token bucket holding one token). While the next
-  turn has to wait RUN takes no new episode of the job: it would only wait too, holding an
-  inference slot the other jobs could use.
+  1/quota after the previous one's moment (a token bucket holding one token). RUN takes the
+  job's episodes one at a time, and none while the next turn has to wait: it would only wait
+  too, holding an inference slot the other jobs could use.
 - quota_tasks_queued: tasks INIT has expanded whose episodes RUN has not finished (waiting or
   in flight): RUN's lag on the job's `<p>.episodes` (records past RUN's committed offsets,
   uncommitted ones too, read every PROBE_S), divided by the group size of the job's last task,
@@ -227,11 +227,11 @@ class JobQuotas:
         return max(0, quota - in_flight - elsewhere)
 
     def _turn_room(self) -> int | None:
-        """0 while the job's next turn must wait: an episode taken now would only wait too,
-        holding an inference slot that the other jobs could use."""
+        """One episode at a time, and none while the job's next turn must wait: an episode
+        taken then would only wait too, holding an inference slot the other jobs could use."""
         if self.stage != "run" or self.job["quota_turns_per_s"] <= 0:
             return None
-        return 0 if self._next_turn > time.monotonic() else None
+        return 0 if self._next_turn > time.monotonic() else 1
 
     # -- tasks queued (INIT) -----------------------------------------------------------------
 

@@ -93,9 +93,10 @@ def make_jobs(settings: Settings) -> Iterator[Callable[..., Job]]:
 
 
 async def serving(settings: Settings, stages: dict[str, MakeStage],
-                  until: Callable[[], Awaitable[bool]], timeout_s: float = 45) -> None:
+                  until: Callable[[dict[str, Fleet]], Awaitable[bool]],
+                  timeout_s: float = 45) -> None:
     """Fleets of the given stages (each its own, as separate processes would be) against one
-    simulated server taking 8 episodes at once, until `until()` holds."""
+    simulated server taking 8 episodes at once, until `until(fleets)` holds."""
     server = SimulatedServer(step_s=lambda running: 0.005)
     url = await server.start()
     router = Router([url], max_episodes=8)
@@ -107,7 +108,7 @@ async def serving(settings: Settings, stages: dict[str, MakeStage],
     served = asyncio.gather(*(f.serve() for f in fleets.values()))
     try:
         deadline = time.monotonic() + timeout_s
-        while not await until():
+        while not await until(fleets):
             assert time.monotonic() < deadline, "timed out"
             assert not served.done(), served.exception()
             await asyncio.sleep(0.1)
@@ -133,7 +134,7 @@ def test_turns_per_second_stay_at_the_quota(settings: Settings, make_jobs) -> No
     done = {name: jobs.job_settings(settings, job).topics.trajectories
             for name, job in (("paced", paced), ("free", free))}
 
-    async def finished() -> bool:
+    async def finished(_: dict[str, Fleet]) -> bool:
         return await all_have(settings, list(done.values()), per_job)
 
     asyncio.run(serving(settings, INIT | RUN, finished))
@@ -147,6 +148,28 @@ def test_turns_per_second_stay_at_the_quota(settings: Settings, make_jobs) -> No
     n = per_job * turns
     assert rates["paced"] <= (n - 1) / ((n - 1) / 5.0 - 0.002), rates
     assert rates["free"] > 3 * 5.0, rates  # the other job is not held to it
+
+
+def test_a_paced_job_leaves_its_slots_to_the_others(settings: Settings, make_jobs) -> None:
+    """A job whose next turn must wait takes no episodes, and its share of the servers' slots
+    goes to a backlogged job beside it (work-conserving): without that, at equal weights, the
+    other job would hold half of the 8 slots (measured: 4 at every look)."""
+    paced = make_jobs("paced", quota_turns_per_s=2.0)
+    free = make_jobs("free")
+    publish(jobs.job_settings(settings, paced), tasks("paced", 40))
+    publish(jobs.job_settings(settings, free), guesses("free", 80, turns=30))
+    held: list[int] = []
+
+    async def sampled(fleets: dict[str, Fleet]) -> bool:
+        run = fleets["run"]
+        if {"paced", "free"} <= set(run.served) and run.served["paced"].runtime.in_flight < 2:
+            runtime = run.served["free"].runtime
+            if 0 < runtime.stats["processed"] < 60:  # both backlogged
+                held.append(runtime.in_flight + run.allowance("free"))
+        return len(held) >= 30
+
+    asyncio.run(serving(settings, INIT | RUN, sampled))
+    assert sum(held) / len(held) >= 5, held  # measured: about 7
 
 
 class Sandboxed(Environment):
@@ -191,7 +214,7 @@ def test_a_job_never_has_more_sandboxes_open_than_its_quota(
     most = dict.fromkeys(made, 0)
     backend = get_backend("bwrap")
 
-    async def finished() -> bool:
+    async def finished(_: dict[str, Fleet]) -> bool:
         for _ in range(5):  # a look every 20 ms at what is open
             leases = await asyncio.to_thread(backend.leases)
             for name in made:
@@ -217,7 +240,7 @@ def test_init_stops_taking_a_jobs_tasks_at_its_queue_quota(settings: Settings,
                 for job in (queued, whole)}
     trajectories = jobs.job_settings(settings, queued).topics.trajectories
 
-    async def expanded() -> bool:
+    async def expanded(_: dict[str, Fleet]) -> bool:
         if not await all_have(settings, [episodes["whole"]], per_job * group):
             return False
         await asyncio.sleep(3)  # INIT has had time to take more of the other job, were it to
@@ -227,7 +250,7 @@ def test_init_stops_taking_a_jobs_tasks_at_its_queue_quota(settings: Settings,
     asyncio.run(serving(settings, INIT, expanded))
     assert count(settings, episodes["queued"]) == 3 * group
 
-    async def ran() -> bool:
+    async def ran(_: dict[str, Fleet]) -> bool:
         return await all_have(settings, [trajectories], per_job * group)
 
     asyncio.run(serving(settings, INIT | RUN, ran))  # RUN works: the rest comes, none dropped
