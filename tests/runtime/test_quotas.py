@@ -2,7 +2,8 @@
 fleets: a job at a quota is paused, nothing dropped, and the other jobs go on unlimited.
 
 - quota_turns_per_s: the turns sampled for the job, timed from their Turn records, stay at the
-  quota while a job without one samples faster;
+  quota while a job without one samples faster, and the paced job's share of the servers' slots
+  goes to the other;
 - quota_sandboxes: the job never has more sandboxes open (RUN's and EVAL's, counted from the
   backend's own leases) while a job without one opens more;
 - quota_tasks_queued: INIT expands exactly the quota's tasks while RUN takes none, then the rest
