@@ -19,7 +19,8 @@ instead of blocking), and the fleet owns the signals.
 
 Fair share: RUN's jobs on the shared servers get `allowance` as their capacity, the weighted
 work-conserving share of the servers' slots (rollstream.fairshare), planned once per round of
-the jobs' asks (a `Plan`), not once per ask. Quotas: each job's runtime runs with the job's
+the jobs' asks (a `Plan`), not once per ask; EVAL's jobs, so, the share of the fleet's sandboxes
+(scorings at once) where it has a bound. Quotas: each job's runtime runs with the job's
 JobQuotas (rollstream.quotas) as its limit and in its context. Which jobs a fleet serves: those
 that name no group, or, with `fleet=NAME`, those that name that group (a dedicated fleet).
 """
@@ -69,7 +70,8 @@ class Fleet:
     def __init__(self, settings: Settings, make_stage: MakeStage, *, fleet: str | None = None,
                  drain_timeout_s: float = 30.0, slots: Callable[[], int] = lambda: 0) -> None:
         """`settings`: the fleet's, under the cluster's prefix (where the jobs topic is);
-        `slots`: how many episodes the shared servers take at once (RUN's fair share)."""
+        `slots`: what the jobs share by weight: for RUN, how many episodes the shared servers
+        take at once; for EVAL, how many scorings (each with at most one sandbox) run at once."""
         self.settings = settings
         self.make_stage = make_stage
         self.fleet = fleet
@@ -168,9 +170,11 @@ class Fleet:
                       wants=((s.runtime.waiting > 0
                               or _wants(s.runtime.loop.empty_since, recent))
                              and s.quotas.room(s.runtime.in_flight) != 0),
-                      quota=s.job["quota_episodes"],
+                      quota=s.job["quota_episodes"] if s.runtime.stage.name == "run" else 0,
                       priority=s.job["priority"])
-            for n, s in self.served.items() if not s.job["policy_urls"]
+            # RUN: a job with servers of its own is outside the share of the shared ones.
+            for n, s in self.served.items()
+            if s.runtime.stage.name != "run" or not s.job["policy_urls"]
         }
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 
 from rollstream import metrics
 from rollstream.config import Settings
@@ -22,12 +23,18 @@ class EvalStage(Stage):
     name = "eval"
     input_record = TRAJECTORY
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, share: Callable[[], int] | None = None) -> None:
+        """`share`: how many more trajectories this stage may score now (a fleet's fair share
+        of its sandboxes, rollstream.fairshare); None: no bound beyond --max-in-flight."""
         super().__init__(settings)
+        self.share = share
         self.seen = SeenIds(settings, self.name)  # each episode scored once (rollstream.dedup)
 
     def input_topic(self) -> str:
         return self.topics.trajectories
+
+    def capacity(self) -> int | None:
+        return None if self.share is None else self.share()
 
     async def restore(self, partitions: list[int]) -> None:
         await self.seen.load(partitions)

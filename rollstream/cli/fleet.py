@@ -29,8 +29,19 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
         stage.add_argument("--fleet", default=None, metavar="NAME",
                            help="serve the jobs that name this dedicated fleet as their group "
                                 "(default: the jobs that name none)")
+        if name == "eval":
+            stage.add_argument("--sandboxes", type=_count, default=0, metavar="N",
+                               help="scorings (each with at most one sandbox) at once across "
+                                    "jobs, shared by weight; 0: no bound beyond each job's "
+                                    "--max-in-flight")
         config.add_arguments(stage, "kafka", "stage", "service", *groups)
         stage.set_defaults(func=run_fleet)
+
+
+def _count(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of 0 or more")
+    return int(text)
 
 
 def run_fleet(args: argparse.Namespace) -> int:
@@ -52,7 +63,7 @@ def run_fleet(args: argparse.Namespace) -> int:
         if args.name == "init":
             return InitStage(job_settings)
         if args.name == "eval":
-            return EvalStage(job_settings)
+            return EvalStage(job_settings, share=share if args.sandboxes else None)
         if job["policy_urls"]:  # servers of its own: its own router, their room
             return RunStage(job_settings)
         if job["adapter"]:
@@ -61,8 +72,9 @@ def run_fleet(args: argparse.Namespace) -> int:
             return RunStage(job_settings, share=share)
         return RunStage(job_settings, router=router, share=share)
 
+    slots = (lambda: args.sandboxes) if args.name == "eval" else router.slots
     fleet = Fleet(settings, make_stage, fleet=args.fleet, drain_timeout_s=args.drain_timeout,
-                  slots=router.slots)
+                  slots=slots)
 
     async def serve() -> None:
         if args.name == "run":

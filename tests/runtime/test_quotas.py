@@ -8,6 +8,8 @@ fleets: a job at a quota is paused, nothing dropped, and the other jobs go on un
   backend's own leases) while a job without one opens more;
 - quota_tasks_queued: INIT expands exactly the quota's tasks while RUN takes none, then the rest
   as RUN works through them, while a job without one is expanded whole.
+
+And EVAL's fleet shares its sandboxes (scorings at once) between jobs by weight.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from rollstream.codec import codec
 from rollstream.config import Settings
 from rollstream.dev.simulated import SimulatedServer
 from rollstream.envs import registry
+from rollstream.envs.arithmetic import Arithmetic
 from rollstream.envs.base import Environment, Score, StepResult
 from rollstream.events import Job
 from rollstream.fleet import Fleet
@@ -95,16 +98,18 @@ def make_jobs(settings: Settings) -> Iterator[Callable[..., Job]]:
 
 async def serving(settings: Settings, stages: dict[str, MakeStage],
                   until: Callable[[dict[str, Fleet]], Awaitable[bool]],
-                  timeout_s: float = 45) -> None:
+                  timeout_s: float = 45, eval_slots: int = 0) -> None:
     """Fleets of the given stages (each its own, as separate processes would be) against one
-    simulated server taking 8 episodes at once, until `until(fleets)` holds."""
+    simulated server taking 8 episodes at once, until `until(fleets)` holds; EVAL's fleet
+    shares `eval_slots` scorings at once."""
     server = SimulatedServer(step_s=lambda running: 0.005)
     url = await server.start()
     router = Router([url], max_episodes=8)
     await router.start()
     fleets = {name: Fleet(replace(settings, policy_url=url, server_max_in_flight=8),
                           lambda s, job, share, make=make: make(s, job, share, router),
-                          slots=router.slots, drain_timeout_s=5)
+                          slots=(lambda: eval_slots) if name == "eval" else router.slots,
+                          drain_timeout_s=5)
               for name, make in stages.items()}
     served = asyncio.gather(*(f.serve() for f in fleets.values()))
     try:
@@ -124,6 +129,7 @@ async def serving(settings: Settings, stages: dict[str, MakeStage],
 INIT = {"init": lambda s, job, share, router: InitStage(s)}
 RUN = {"run": lambda s, job, share, router: RunStage(s, router=router, share=share)}
 EVAL = {"eval": lambda s, job, share, router: EvalStage(s)}
+EVAL_SHARED = {"eval": lambda s, job, share, router: EvalStage(s, share=share)}
 
 
 def test_turns_per_second_stay_at_the_quota(settings: Settings, make_jobs) -> None:
@@ -171,6 +177,43 @@ def test_a_paced_job_leaves_its_slots_to_the_others(settings: Settings, make_job
 
     asyncio.run(serving(settings, INIT | RUN, sampled))
     assert sum(held) / len(held) >= 5, held  # measured: about 7
+
+
+class SlowScore(Arithmetic):
+    """Arithmetic whose scoring takes 0.2 s, as a test run in a sandbox would."""
+
+    name = "slow_score"
+
+    async def evaluate(self, task: dict, trajectory: dict) -> Score:
+        await asyncio.sleep(0.2)
+        return await super().evaluate(task, trajectory)
+
+
+def test_backlogged_jobs_share_evals_sandboxes_by_weight(settings: Settings, make_jobs,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two backlogged jobs, weights 1 and 3, on one EVAL fleet that scores 4 at once: while
+    both have trajectories waiting they get 1 and 3 of the 4 (RUN's fair share, for EVAL)."""
+    monkeypatch.setattr(registry, "_environments",
+                        lambda: {**registry.BUILTINS, SlowScore.name: SlowScore})
+    weights = {"x": 1, "y": 3}
+    for name, weight in weights.items():
+        job = make_jobs(name, weight=weight)
+        publish(jobs.job_settings(settings, job), tasks(name, 60, env="slow_score"))
+    samples: dict[str, list[int]] = {"x": [], "y": []}
+
+    async def sampled(fleets: dict[str, Fleet]) -> bool:
+        scoring = fleets["eval"]
+        runtimes = {name: s.runtime for name, s in scoring.served.items()}
+        # Once both have started (no preemption) while both have trajectories left: the slots
+        # each holds or may take now.
+        if len(runtimes) == 2 and all(0 < r.stats["processed"] < 50 for r in runtimes.values()):
+            for name, runtime in runtimes.items():
+                samples[name].append(runtime.in_flight + scoring.allowance(name))
+        return len(samples["x"]) >= 15
+
+    asyncio.run(serving(settings, INIT | RUN | EVAL_SHARED, sampled, eval_slots=4))
+    share_x = sum(samples["x"]) / (sum(samples["x"]) + sum(samples["y"]))
+    assert 0.2 <= share_x <= 0.3, samples  # its weight's share, 1 of the 4
 
 
 class Sandboxed(Environment):
