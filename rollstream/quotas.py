@@ -39,6 +39,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from contextvars import ContextVar
+from functools import cached_property
 from pathlib import Path
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
@@ -76,9 +77,14 @@ class SandboxSlots:
     """A job's sandbox slots on this host: lock files, one per slot, shared by its processes."""
 
     def __init__(self, job_prefix: str) -> None:
-        self.directory = sandbox_root() / "quotas" / job_prefix
+        self.job_prefix = job_prefix
         self.held = 0  # slots held by this runtime
         self._counted = (0.0, 0)  # (when, slots held by anyone)
+
+    @cached_property
+    def directory(self) -> Path:
+        # At first use: a stage that opens no sandbox (INIT) never makes the sandbox root.
+        return sandbox_root() / "quotas" / self.job_prefix
 
     def _path(self, n: int) -> Path:
         return self.directory / f"{n}.lock"
@@ -94,15 +100,17 @@ class SandboxSlots:
             return None
         return fd
 
-    async def acquire(self, quota: Callable[[], int]) -> Slot:
-        """A free slot of the first `quota()` (read again at each look: it may change)."""
-        while True:
-            for n in range(quota()):
+    async def acquire(self, quota: Callable[[], int]) -> Slot | None:
+        """A free slot of the first `quota()`, read again at each look (the job may change);
+        None once the job has no quota."""
+        while count := quota():
+            for n in range(count):
                 fd = self._try(n)
                 if fd is not None:
                     self.held += 1
                     return Slot(self, fd)
             await asyncio.sleep(SLOT_WAIT_S)
+        return None
 
     def in_use(self, quota: int) -> int:
         """Slots held by anyone (this runtime too), counted at most every HELD_S."""
@@ -270,8 +278,6 @@ class JobQuotas:
 
     async def sandbox_slot(self) -> Slot | None:
         """A slot for one more of the job's sandboxes, waited for; None: no quota."""
-        if not self.job["quota_sandboxes"]:
-            return None
         return await self.slots.acquire(lambda: self.job["quota_sandboxes"])
 
     def close(self) -> None:
