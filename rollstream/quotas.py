@@ -1,4 +1,5 @@
-"""A job's quotas on a shared fleet: sandboxes open at once, turns per second, tasks queued.
+"""A job's quotas on a shared fleet: episodes in flight, sandboxes open at once, turns per
+second, tasks queued.
 
 The fleet (rollstream.fleet) gives each job's runtime a JobQuotas built from the job's record
 (its `job` is replaced when the record changes, so a new quota counts at once) and runs the
@@ -10,6 +11,8 @@ A job at a quota is paused, never dropped: the runtime's room for new events (`r
 StageRuntime as its `limit`) drops to 0, the job's partitions pause and its events wait in the
 log. Quota 0 means none.
 
+- quota_episodes: RUN's episodes of the job in flight (rollstream.fairshare applies it to the
+  jobs sharing the servers; here it also bounds a job with servers of its own).
 - quota_sandboxes: the job's sandboxes open at once on this host (its processes sharing one
   sandbox root), RUN's and EVAL's together. Each holds one of the job's numbered slots, a lock
   file under the sandbox root (`<root>/quotas/<job prefix>/<n>.lock`; flock, so the slots of a
@@ -224,8 +227,17 @@ class JobQuotas:
         """How many more events the job's runtime may take now; None: no quota limits it."""
         if self.stage == "init":
             return self._queue_room()
-        rooms = [r for r in (self._sandbox_room(in_flight), self._turn_room()) if r is not None]
+        rooms = [r for r in (self._episode_room(in_flight), self._sandbox_room(in_flight),
+                             self._turn_room()) if r is not None]
         return min(rooms, default=None)
+
+    def _episode_room(self, in_flight: int) -> int | None:
+        """RUN's episodes of the job in flight. The fair share applies it too; this is also
+        the bound of a job with servers of its own, which is outside the share."""
+        quota = self.job["quota_episodes"]
+        if not quota or self.stage != "run":
+            return None
+        return max(0, quota - in_flight)
 
     def _sandbox_room(self, in_flight: int) -> int | None:
         quota = self.job["quota_sandboxes"]

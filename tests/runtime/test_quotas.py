@@ -1,6 +1,7 @@
 """A job's quotas on a shared fleet (rollstream.quotas), on the real broker with in-process
 fleets: a job at a quota is paused, nothing dropped, and the other jobs go on unlimited.
 
+- quota_episodes: a job with servers of its own, outside the fair share, keeps it too;
 - quota_turns_per_s: the turns sampled for the job, timed from their Turn records, stay at the
   quota while a job without one samples faster, and the paced job's share of the servers' slots
   goes to the other;
@@ -177,6 +178,35 @@ def test_a_paced_job_leaves_its_slots_to_the_others(settings: Settings, make_job
 
     asyncio.run(serving(settings, INIT | RUN, sampled))
     assert sum(held) / len(held) >= 5, held  # measured: about 7
+
+
+def test_a_job_with_servers_of_its_own_keeps_its_episode_quota(settings: Settings,
+                                                                make_jobs) -> None:
+    """Outside the fair share (its own servers, which take 8 at once) a job's quota_episodes
+    still bounds RUN's episodes of it in flight."""
+    per_job = 12
+    most = [0]
+
+    async def main() -> None:
+        own = SimulatedServer(step_s=lambda running: 0.01)
+        job = make_jobs("own", policy_urls=[await own.start()], quota_episodes=2)
+        publish(jobs.job_settings(settings, job), guesses("own", per_job, turns=4))
+        trajectories = jobs.job_settings(settings, job).topics.trajectories
+
+        async def finished(fleets: dict[str, Fleet]) -> bool:
+            served = fleets["run"].served.get("own")
+            if served is not None:
+                most[0] = max(most[0], served.runtime.in_flight)
+            return await all_have(settings, [trajectories], per_job)
+
+        try:
+            await serving(settings, INIT | {"run": lambda s, job, share, router: RunStage(s)},
+                          finished)
+        finally:
+            await own.stop()
+
+    asyncio.run(main())
+    assert most[0] == 2
 
 
 class SlowScore(Arithmetic):
