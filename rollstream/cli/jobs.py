@@ -95,10 +95,23 @@ def _create(args: argparse.Namespace) -> int:
     _create_job_topics(settings, job)
     jobs.put(settings, job)
     print(f"created job {job['name']} (prefix {job['prefix']}, weight {job['weight']:g})")
-    if job["principal"]:
-        print(f"grant its principal the prefix: rollstream acl grant {job['principal']} "
-              f"--role trainer --prefix {job['prefix']} (and --role publisher to publish)")
+    _print_grants(settings, job)
     return 0
+
+
+def _print_grants(settings: Settings, job: Job) -> None:
+    """The `rollstream acl` commands that give the job's principal its prefix and nothing
+    else (and the fleet's principal a job prefix outside the cluster's), one per line."""
+    if not job["principal"]:
+        return
+    print("grants, to run as the cluster's administrator (docs/security.md):")
+    print(f"  rollstream acl grant {job['principal']} --role trainer --prefix {job['prefix']}"
+          "  # train, publish tasks")
+    print(f"  rollstream acl grant {job['principal']} --role jobs-reader --prefix "
+          f"{settings.prefix}  # --job {job['name']}")
+    if not job["prefix"].startswith(f"{settings.prefix}."):
+        print(f"  rollstream acl grant FLEET_PRINCIPAL --role stage --prefix {job['prefix']}"
+              "  # the fleet: the job's prefix is outside the cluster's")
 
 
 def _apply(args: argparse.Namespace) -> int:
@@ -121,6 +134,7 @@ def _apply(args: argparse.Namespace) -> int:
         _create_job_topics(settings, job)
     jobs.put(settings, job)
     print(f"{'updated' if old else 'created'} job {name} (state {job['state']})")
+    _print_grants(settings, job)
     return 0
 
 
