@@ -8,6 +8,7 @@ on the cluster's prefix), serves both. Job alpha's principal reads alpha's score
 and the resource named, beta's scored topic, beta's tasks topic and beta's policy topic. Then
 alpha breaks (poison events on its tasks topic, its inference server dead) and beta's next
 episodes are still scored exactly once, while alpha's poison goes to alpha's dead letters only.
+A third job whose prefix the fleet's principal has no grant for fails alone: the fleet goes on.
 """
 
 from __future__ import annotations
@@ -109,6 +110,12 @@ def test_jobs_on_one_fleet_are_isolated(secured: tuple[str, Material], tmp_path:
         assert grants == [
             f"rollstream acl grant User:{props[job].stem} --role trainer --prefix {cluster}.{job}",
             f"rollstream acl grant User:{props[job].stem} --role jobs-reader --prefix {cluster}"]
+
+    # A job whose prefix lies outside the cluster's, which the fleet's principal has no grant
+    # for: the fleet is refused its topics, and that job fails alone.
+    rogue = f"other{uuid.uuid4().hex[:6]}"
+    assert main(["jobs", "create", "rogue", "--job-prefix", rogue, "--partitions",
+                 str(PARTITIONS), "--kafka-config", str(admin), "--prefix", cluster]) == 0
 
     def as_job(job: str, prefix: str | None = None) -> Settings:
         """Job `job`'s principal, on its own prefix or on `prefix`."""
@@ -212,8 +219,12 @@ def test_jobs_on_one_fleet_are_isolated(secured: tuple[str, Material], tmp_path:
         assert [codec().decode_as("PolicyVersion", m.value())["version"]
                 for m in records(as_admin, f"{cluster}.alpha.policy")] == [1]
         print(f"both rounds and every refusal checked in {time.monotonic() - t0:.1f} s")
+        for stage in ("init", "run", "eval"):  # alive all along (`wait` checks)
+            assert "fleet: job rogue refused: not authorized" in (
+                tmp_path / "logs" / f"{stage}.log").read_text(), stage
     finally:
         procs.stop_all()
         for job in ("alpha", "beta"):
             delete_topics(as_admin.kafka(), f"{cluster}.{job}")
         delete_topics(as_admin.kafka(), cluster)
+        delete_topics(as_admin.kafka(), rogue)
