@@ -25,7 +25,7 @@ BENCHMARKS = ("codec", "passthrough", "security", "saturation", "bridge", "sandb
               "gateway", "turn_cpu", "fairshare")
 # Run only when named: each starts its own 3-node cluster or many processes, for many minutes;
 # adapters needs the pinned trainers (`make trainer-deps`, first on PYTHONPATH).
-ON_REQUEST = ("chaos", "scaling", "adapters")
+ON_REQUEST = ("chaos", "chaos_jobs", "scaling", "adapters")
 
 
 def _version(dist: str) -> str | None:

@@ -3,7 +3,9 @@ prefix, as Kafka ACLs (`rollstream acl`), and SCRAM users for principals.
 
 Every grant is PREFIXED on `<prefix>.`: the prefix's topics, consumer groups and transactional
 ids (every id Rollstream uses starts with the prefix), and nothing cluster-wide. A principal
-granted one prefix is refused every other prefix's topics and groups.
+granted one prefix is refused every other prefix's topics and groups. One role is narrower:
+`jobs-reader` reads the cluster's jobs topic `<prefix>.jobs` alone (LITERAL), so that a job's
+principal finds its job by name without any right on the other jobs' topics.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from confluent_kafka.admin import (
     ScramMechanism,
     UserScramCredentialUpsertion,
 )
+
+from rollstream.graph import Topics
 
 Op = AclOperation
 _READ = {ResourceType.TOPIC: (Op.READ, Op.DESCRIBE, Op.DESCRIBE_CONFIGS),
@@ -51,7 +55,12 @@ ROLES: dict[str, tuple[str, dict[ResourceType, tuple[Op, ...]]]] = {
                 "in transactions", _union(_READ, _WRITE)),
     "owner": ("topics create/delete and `rollstream stats` (its own internal topics): a "
               "stage's rights, create, delete and configure topics", _union(_READ, _WRITE, _OWN)),
+    "jobs-reader": ("`--job NAME` as a job's principal (train, status): read the cluster's "
+                    "jobs topic <prefix>.jobs, nothing else under the prefix",
+                    {ResourceType.TOPIC: (Op.READ, Op.DESCRIBE)}),
 }
+# Roles on one topic of the prefix (LITERAL) instead of everything under it: role -> topic.
+_ONE_TOPIC: dict[str, str] = {"jobs-reader": "jobs"}
 
 
 def bindings(principal: str, prefix: str, role: str) -> list[AclBinding]:
@@ -62,8 +71,10 @@ def bindings(principal: str, prefix: str, role: str) -> list[AclBinding]:
         raise ValueError(f"principal {principal!r} must be User:NAME")
     if not prefix or prefix.endswith("."):
         raise ValueError(f"prefix {prefix!r}: give the topic prefix without its dot")
-    return [AclBinding(resource, f"{prefix}.", ResourcePatternType.PREFIXED, principal, "*",
-                       op, AclPermissionType.ALLOW)
+    one_topic = _ONE_TOPIC.get(role)
+    name, pattern = ((getattr(Topics(prefix), one_topic), ResourcePatternType.LITERAL) if one_topic
+                     else (f"{prefix}.", ResourcePatternType.PREFIXED))
+    return [AclBinding(resource, name, pattern, principal, "*", op, AclPermissionType.ALLOW)
             for resource, ops in ROLES[role][1].items() for op in ops]
 
 

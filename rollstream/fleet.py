@@ -13,7 +13,10 @@ instead of blocking), and the fleet owns the signals.
   not finish is closed (RUN and EVAL close their sandboxes when an episode is cancelled) and
   is resumed by whoever serves the job next. No transaction stays open.
 - A job whose settings changed (its adapter, servers or admission window) is restarted so.
-- A runtime that fails is logged and started again after `RETRY_S`; the other jobs go on.
+- A runtime that fails is logged and started again after `RETRY_S`; the other jobs go on. One
+  refused by the cluster (the fleet's principal has no grant on the job's prefix) fails alone
+  and is tried again after `REFUSED_RETRY_S`, when a grant may have come; the fleet's own login
+  refused stops the process where it reads the jobs topic.
 - Each job's stage runs in its metrics context (rollstream.metrics.job_context), so its series
   carry its name; a job no longer served loses its series (`metrics.forget_job`).
 
@@ -40,6 +43,7 @@ from rollstream.consume.stopping import Stopping
 from rollstream.events import Job
 from rollstream.fairshare import Demand, Plan
 from rollstream.jobs import ACTIVE, JobReader, job_settings
+from rollstream.kafka_errors import AccessDenied
 from rollstream.quotas import CURRENT, JobQuotas
 from rollstream.runtime import Stage, StageRuntime
 
@@ -47,6 +51,7 @@ log = logging.getLogger("rollstream.fleet")
 
 LOOK_S = 0.5  # how often the jobs topic is looked at
 RETRY_S = 5.0  # how long a job whose runtime failed waits before it is started again
+REFUSED_RETRY_S = 30.0  # the same for a job the cluster refused the fleet: a grant is slower
 # A job wants work while events it fetched wait for its share (StageRuntime.waiting), and until
 # its polls have found nothing for this long: a partition paused or newly assigned fetches again
 # only after a delay of up to the client's fetch wait (0.5 s by default). A job whose input did
@@ -137,7 +142,8 @@ class Fleet:
                               label=f"job {job['name']}", limit=quotas.room)
         log.info("fleet: serving job %s (prefix %s) as group %s", job["name"], job["prefix"],
                  runtime.group)
-        task = asyncio.create_task(runtime.serve(), name=f"job {job['name']}", context=context)
+        task = asyncio.create_task(_serve_job(runtime), name=f"job {job['name']}",
+                                   context=context)
         self.served[job["name"]] = Served(job, settings, runtime, task, quotas)
 
     def _reap(self) -> None:
@@ -149,7 +155,11 @@ class Fleet:
             served.runtime.loop.health.close()
             served.quotas.close()
             error = None if served.task.cancelled() else served.task.exception()
-            if error is not None:
+            if isinstance(error, JobRefused):
+                log.error("fleet: job %s refused: %s; starting it again in %.0f s", name,
+                          error, REFUSED_RETRY_S)
+                self._retry_at[name] = time.monotonic() + REFUSED_RETRY_S
+            elif error is not None:
                 log.error("fleet: job %s failed; starting it again in %.0f s", name, RETRY_S,
                           exc_info=error)
                 self._retry_at[name] = time.monotonic() + RETRY_S
@@ -176,6 +186,19 @@ class Fleet:
             for n, s in self.served.items()
             if s.runtime.stage.name != "run" or not s.job["policy_urls"]
         }
+
+
+class JobRefused(Exception):
+    """The cluster refused the fleet one of a job's topics, groups or transactional ids."""
+
+
+async def _serve_job(runtime: StageRuntime) -> None:
+    """A job's runtime, whose refusal (AccessDenied, a SystemExit that would end the process
+    and every other job with it) fails this job alone."""
+    try:
+        await runtime.serve()
+    except AccessDenied as exc:
+        raise JobRefused(exc.message) from None
 
 
 def _wants(empty_since: float | None, recent: float) -> bool:

@@ -48,7 +48,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from rollstream import kafka
 from rollstream.codec import headers_for
 from rollstream.config import Settings
-from rollstream.kafka_errors import raise_if_denied
+from rollstream.kafka_errors import AccessDenied, denied, problem, raise_if_denied
 
 log = logging.getLogger("rollstream.transaction")
 
@@ -108,10 +108,10 @@ def fatal(err: KafkaError) -> bool:
     return bool(err.fatal()) or err.code() == KafkaError._FATAL
 
 
-def classify(err: KafkaError) -> str:
+def classify(err: KafkaError, bootstrap: str = "the cluster") -> str:
     """'retry', 'abort' or 'rebuild': what a transactional producer does after `err`; a
     refused login or authorization stops the process (no retry mends it)."""
-    raise_if_denied(err, "the cluster")
+    raise_if_denied(err, bootstrap)
     if fatal(err) or err.code() in _FENCED:
         return "rebuild"
     if err.txn_requires_abort():
@@ -163,6 +163,10 @@ class Checkpoint:
         # reported while `tracking` (after a transaction failed on a refused record).
         self.refused: list[tuple[str, bytes | None, KafkaError]] = []
         self.tracking = False
+        # (topic, error) of a record the broker refused for want of rights: the transaction it
+        # failed stops the process (AccessDenied), naming the topic, instead of rewinding to
+        # produce it again forever.
+        self.denied: tuple[str, KafkaError] | None = None
 
     def open(self) -> None:
         """Initialize the transactional producer: waits (bounded by the caller's deadline) for
@@ -225,15 +229,13 @@ class Checkpoint:
                 break
             except KafkaException as exc:
                 err: KafkaError = exc.args[0]
-                if classify(err) == "retry" and not self._expired(started, self.retry_s):
+                if self._classify(err) == "retry" and not self._expired(started, self.retry_s):
                     log.info("commit: %s; trying again", err)
                     time.sleep(0.2)
                     continue
                 self._failed(err, "commit")
         self.in_txn = False
-        if self.tracking:  # the refused record's input is handled: back to the fast producer
-            self.tracking = False
-            self._drop(KafkaError(KafkaError.NO_ERROR))
+        self.tracking = False  # the refused record's input is handled
 
     def abort(self) -> None:
         """Abort the open transaction (bounded); a producer that cannot is dropped."""
@@ -248,7 +250,7 @@ class Checkpoint:
                 break
             except KafkaException as exc:
                 err: KafkaError = exc.args[0]
-                if classify(err) == "retry" and not self._expired(started, self.retry_s):
+                if self._classify(err) == "retry" and not self._expired(started, self.retry_s):
                     time.sleep(0.2)
                     continue
                 log.warning("abort: %s; dropping the producer", err)
@@ -259,17 +261,20 @@ class Checkpoint:
     def _failed(self, err: KafkaError, call: str) -> None:
         """Leave the failed transaction behind (abort, or rebuild) and tell the caller."""
         self.rewinds += 1
-        if classify(err) == "rebuild":
+        if self._classify(err) == "rebuild":
             log.warning("%s: %s; dropping the producer and rewinding", call, err)
             self._drop(err)
         else:
             log.warning("%s: %s; aborting and rewinding", call, err)
             self.abort()
-        if err.code() in _REFUSED and not self.tracking:
-            # The broker refused a record; which one only delivery reports tell. They cost a
-            # Python call per record, so only a producer made for the redo asks for them.
+        if self.denied is not None:
+            topic, refusal = self.denied
+            raise AccessDenied(str(problem(refusal, self.settings.bootstrap_servers,
+                                           f"topic {topic}")))
+        if err.code() in _REFUSED:
+            # The broker refused a record; which one only delivery reports tell, and which
+            # input it came from only the redo records (consume.deadletters.Poison).
             self.tracking = True
-            self._drop(err)
         raise Rewind(str(err))
 
     def _drop(self, err: KafkaError) -> None:
@@ -285,15 +290,25 @@ class Checkpoint:
             self.fences.fenced(err)
 
     def _producer(self) -> Producer:
-        extra = {"on_delivery": self._delivered} if self.tracking else {}
+        # Reports of failed records only: no Python call per record delivered.
         return kafka.producer(self.settings, self.transactional_id,
-                              **{"transaction.timeout.ms": TRANSACTION_TIMEOUT_MS}, **extra)
+                              **{"transaction.timeout.ms": TRANSACTION_TIMEOUT_MS,
+                                 "delivery.report.only.error": True},
+                              on_delivery=self._delivered)
 
     def _delivered(self, err: KafkaError | None, msg: Any) -> None:
-        """Delivery report: a record the broker refused (e.g. over a topic's actual limit) is
-        remembered, so the caller can tell which input's output failed its transaction."""
-        if err is not None and err.code() in _REFUSED:
+        """Delivery report of a failed record: one refused for want of rights is kept in
+        `denied`; while `tracking`, one the broker refused (e.g. over a topic's actual limit)
+        is remembered, so the caller can tell which input's output failed its transaction."""
+        if err is None:
+            return
+        if denied(err):
+            self.denied = (msg.topic(), err)
+        elif err.code() in _REFUSED and self.tracking:
             self.refused.append((msg.topic(), msg.key(), err))
+
+    def _classify(self, err: KafkaError) -> str:
+        return classify(err, self.settings.bootstrap_servers)
 
     def _new_producer(self) -> Producer:
         """A producer with our transactional id, initialized (which fences older holders)."""
@@ -306,9 +321,11 @@ class Checkpoint:
                 return producer
             except KafkaException as exc:
                 err = exc.args[0]
+                raise_if_denied(err, self.settings.bootstrap_servers,
+                                f"transactional id {self.transactional_id}")
                 if err.code() == KafkaError._FATAL and self.producer is None:
                     producer = self._producer()
-                elif classify(err) != "retry":
+                elif self._classify(err) != "retry":
                     raise
                 if self._expired(started, None):
                     raise Stopped(f"init_transactions: {err}") from exc

@@ -20,9 +20,11 @@ from typing import TYPE_CHECKING
 import pytest
 
 from rollstream.broker import local
+from rollstream.broker.secure import Material
 from rollstream.config import Settings, Topics, load
 from rollstream.topics import create_topics, delete_topics
 from tests.helpers import vllm_server
+from tests.helpers.secure_helpers import secured_broker
 
 if TYPE_CHECKING:
     from testcontainers.core.container import DockerContainer
@@ -147,6 +149,14 @@ def real_vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[vllm_server.
     else:
         with vllm_server.own(tmp_path_factory.mktemp("vllm")) as server:
             yield server
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Material]]:
+    """A secured broker (SASL_SSL, SCRAM, ACLs enforced) of the module's own, in a home of
+    its own: its address and its material (CA, admin credential)."""
+    with secured_broker(tmp_path_factory.mktemp("home")) as found:
+        yield found
 
 
 @pytest.fixture

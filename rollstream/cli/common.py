@@ -59,6 +59,17 @@ def checked(resolved: Settings, *topics: str) -> Settings:
     return resolved
 
 
+def check_rights(resolved: Settings, *topics: str) -> None:
+    """A started process's principal refused one of `topics` (suffixes of the prefix's graph)
+    stops it now (AccessDenied, exit 77) with the topic named, instead of an unclear error at
+    its first read; a topic not there yet is left to the process."""
+    try:
+        checked(resolved, *topics)
+    except KafkaProblem as exc:
+        if exc.exit_code == EX_NOPERM:
+            raise AccessDenied(str(exc)) from None
+
+
 def add_job_argument(parser: argparse.ArgumentParser, what: str) -> None:
     parser.add_argument("--job", metavar="NAME", default=None,
                         help=f"{what} of this job (`rollstream jobs`): its prefix comes from "
@@ -70,6 +81,13 @@ def for_job(settings: Settings, name: str | None) -> tuple[Settings, Job | None]
     job is named); a job that is not there ends the command saying which jobs are."""
     if name is None:
         return settings, None
+    try:
+        check_rights(settings, "jobs")
+    except AccessDenied as exc:
+        exc.message += (f"; a job's principal needs `rollstream acl grant PRINCIPAL --role "
+                        f"jobs-reader --prefix {settings.prefix}` for --job, or names the job's "
+                        "prefix with --prefix")
+        raise
     try:
         job = jobs.get(settings, name)
     except jobs.JobError as exc:

@@ -72,9 +72,10 @@ def _read_file(path: Path) -> dict[str, Any]:
     return data
 
 
-def _create_job_topics(settings: Settings, job: Job) -> None:
+def _create_job_topics(settings: Settings, job: Job, replication_factor: int) -> None:
     created = create_topics(settings.kafka(), job["prefix"], settings.partitions,
-                            timeout=settings.timeout_s, specs=jobs.JOB_TOPICS)
+                            replication_factor, timeout=settings.timeout_s,
+                            specs=jobs.JOB_TOPICS)
     print(f"topics under {job['prefix']}: {len(created)} created, "
           f"{len(jobs.JOB_TOPICS) - len(created)} already there")
 
@@ -82,8 +83,9 @@ def _create_job_topics(settings: Settings, job: Job) -> None:
 def _settings(args: argparse.Namespace) -> Settings:
     """The command's settings, with the cluster's jobs topic there (created when missing)."""
     settings = common.settings(args)
-    create_topics(settings.kafka(), settings.prefix, timeout=settings.timeout_s,
-                  specs=jobs.CLUSTER_TOPICS)
+    create_topics(settings.kafka(), settings.prefix,
+                  replication_factor=getattr(args, "replication_factor", 1),
+                  timeout=settings.timeout_s, specs=jobs.CLUSTER_TOPICS)
     return settings
 
 
@@ -92,13 +94,26 @@ def _create(args: argparse.Namespace) -> int:
     job = jobs.new_job(args.job, settings.prefix, **_fields_from_args(args))
     if args.job in jobs.current(settings):
         raise jobs.JobError(f"job {args.job!r} exists; change it with `rollstream jobs apply`")
-    _create_job_topics(settings, job)
+    _create_job_topics(settings, job, args.replication_factor)
     jobs.put(settings, job)
     print(f"created job {job['name']} (prefix {job['prefix']}, weight {job['weight']:g})")
-    if job["principal"]:
-        print(f"grant its principal the prefix: rollstream acl grant {job['principal']} "
-              f"--role trainer --prefix {job['prefix']} (and --role publisher to publish)")
+    _print_grants(settings, job)
     return 0
+
+
+def _print_grants(settings: Settings, job: Job) -> None:
+    """The `rollstream acl` commands that give the job's principal its prefix and nothing
+    else (and the fleet's principal a job prefix outside the cluster's), one per line."""
+    if not job["principal"]:
+        return
+    print("grants, to run as the cluster's administrator (docs/security.md):")
+    print(f"  rollstream acl grant {job['principal']} --role trainer --prefix {job['prefix']}"
+          "  # train, publish tasks")
+    print(f"  rollstream acl grant {job['principal']} --role jobs-reader --prefix "
+          f"{settings.prefix}  # --job {job['name']}")
+    if not job["prefix"].startswith(f"{settings.prefix}."):
+        print(f"  rollstream acl grant FLEET_PRINCIPAL --role stage --prefix {job['prefix']}"
+              "  # the fleet: the job's prefix is outside the cluster's")
 
 
 def _apply(args: argparse.Namespace) -> int:
@@ -118,9 +133,10 @@ def _apply(args: argparse.Namespace) -> int:
         job["state"] = state
     jobs.validate(job, settings.prefix)
     if old is None:
-        _create_job_topics(settings, job)
+        _create_job_topics(settings, job, args.replication_factor)
     jobs.put(settings, job)
     print(f"{'updated' if old else 'created'} job {name} (state {job['state']})")
+    _print_grants(settings, job)
     return 0
 
 
@@ -212,6 +228,10 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
         if takes_name:
             p.add_argument("job", metavar="NAME", help="the job's name")
         config.add_arguments(p, "kafka", "command", *groups)
+        if "topics" in groups:
+            p.add_argument("--replication-factor", type=int, default=1,
+                           help="replicas per partition of the topics it creates (default 1; "
+                                "3 on a 3-node cluster)")
         p.set_defaults(func=_checked(func))
         return p
 

@@ -60,6 +60,7 @@ def run_train(args: argparse.Namespace) -> int:
         # meet at every op crawl on a busy machine (a step: 6 s on one, 11-65 s on two, load 20).
         torch.set_num_threads(1)
     settings, job = common.for_job(common.start_service(args, parts=("bridge",)), args.job)
+    common.check_rights(settings, "scored", "policy")
     max_staleness = args.max_staleness
     if max_staleness is None and job is not None and job["max_staleness"]:
         max_staleness = job["max_staleness"]

@@ -81,9 +81,9 @@ class Encoder:
 class Poison:
     """Inputs whose output the broker refused: when they come again they are dead-lettered.
 
-    Which input each output came from is kept only while the checkpoint tracks delivery reports
-    (redoing a transaction that a refused record failed): outside that, a Python call per
-    record for nothing."""
+    Which input each output came from is kept only while the checkpoint is `tracking` (redoing
+    a transaction that a refused record failed): outside that, a Python call per record for
+    nothing."""
 
     def __init__(self, checkpoint: Checkpoint) -> None:
         self.checkpoint = checkpoint

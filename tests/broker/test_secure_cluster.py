@@ -8,16 +8,12 @@ Every broker here runs in a home of its own (a temporary folder), started fresh 
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import secrets
 import subprocess
 import sys
 import time
 import urllib.request
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,7 +21,7 @@ from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from producers.publish import validate_task
-from rollstream import acl, config
+from rollstream import config
 from rollstream.broker import cluster, local, secure
 from rollstream.broker.secure import Material
 from rollstream.dev.processes import ProcessGroup, free_port, wait_http
@@ -33,68 +29,9 @@ from rollstream.kafka import read_partitions
 from rollstream.kafka_errors import EX_CONFIG, EX_NOPERM
 from rollstream.security import faust_credentials
 from rollstream.topics import create_topics, delete_topics
+from tests.helpers.secure_helpers import cli, one_line_error, own_home, principal
 
 TASKS, GROUP = 4, 2
-
-
-PLAIN_USER = "plainfleet"  # PLAIN's users are the broker's configuration, read at its start
-
-
-@contextlib.contextmanager
-def own_home(folder: Path) -> Iterator[None]:
-    """ROLLSTREAM_HOME at `folder` (for this process and the commands it runs), sharing the
-    project's broker jars."""
-    libs = local.resolve_jars()
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv(local.HOME_ENV, str(folder))
-        patch.setenv(local.HEAP_ENV, os.environ.get(local.HEAP_ENV, "256m"))
-        local.libs_dir().parent.mkdir(parents=True)
-        local.libs_dir().symlink_to(libs, target_is_directory=True)
-        yield
-
-
-@pytest.fixture(scope="module")
-def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Material]]:
-    with own_home(tmp_path_factory.mktemp("home")), local.secured() as material:
-        material.plain_users.write_text(f"{PLAIN_USER}={secrets.token_hex(12)}\n")
-        bootstrap = local.start(timeout=180)
-        try:
-            yield bootstrap, material
-        finally:
-            local.stop()
-
-
-def principal(bootstrap: str, material: Material, folder: Path, prefix: str,
-              *roles: str, mechanism: str = secure.MECHANISM) -> tuple[Path, str]:
-    """A principal granted `roles` on `prefix`, logging in with `mechanism` (a SCRAM one: a new
-    user; PLAIN: the broker's PLAIN user; "SSL": a new client certificate): its properties file
-    and its password (empty for a certificate)."""
-    name, password = f"u{uuid.uuid4().hex[:8]}", secrets.token_hex(12)
-    admin = AdminClient(material.admin_conf(bootstrap))
-    if mechanism == "SSL":
-        principal_name, password = f"User:CN={name}", ""
-        made = cli("broker", "client-cert", name, "--out", str(folder))
-        assert made.returncode == 0, made.stderr
-        props = config.read_properties(Path(made.stdout.strip()))
-        assert props["bootstrap.servers"] == local.status()["mtls_bootstrap"]
-    else:
-        if mechanism == "PLAIN":
-            name, password = PLAIN_USER, material.read_plain_users()[PLAIN_USER]
-        else:
-            acl.set_password(admin, name, password, 30, mechanism)
-        principal_name = f"User:{name}"
-        props = {**material.client_properties(bootstrap, name, password),
-                 "sasl.mechanism": mechanism}
-    for role in roles:
-        acl.grant(admin, principal_name, prefix, role, 30)
-    path = folder / f"{name}.properties"
-    path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
-    return path, password
-
-
-def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "rollstream.cli", *args], capture_output=True,
-                          text=True, timeout=timeout)
 
 
 def tasks_file(path: Path) -> Path:
@@ -105,14 +42,6 @@ def tasks_file(path: Path) -> Path:
                      "seed": i}})) for i in range(TASKS)]
     path.write_text("\n".join(lines) + "\n")
     return path
-
-
-def one_line_error(proc: subprocess.CompletedProcess[str]) -> str:
-    assert proc.returncode != 0, proc.stdout
-    assert "Traceback" not in proc.stderr, proc.stderr
-    lines = [line for line in proc.stderr.splitlines() if line.startswith("rollstream: ")]
-    assert len(lines) == 1, proc.stderr
-    return lines[0]
 
 
 @pytest.mark.slow
