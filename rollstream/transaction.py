@@ -23,25 +23,29 @@ error does:
   drops that work and reads again from the committed offsets (`committed` reads them, bounded
   and retried), so nothing is lost and nothing is produced twice.
 - Every blocking call is bounded: each transactional call runs in a thread of its own and is
-  abandoned (with its producer) when it has not returned after HUNG_S or by the caller's
-  deadline, so a stop request is honoured by its deadline even when the client does not
-  return.
-- While a call is out, the caller's `serve` runs every quarter second: the consume loop
-  serves its consumer there, so a rebalance meanwhile is answered (the whole group waits on a
-  member that does not) and partitions lost to the session timeout (a group coordinator
-  unreachable longer than that) are handed back and rejoined at once, not after the call.
-  When `serve` says the transaction is no longer wanted (the partitions were lost) the call is
-  abandoned at once instead of after HUNG_S.
+  abandoned (with its producer) when it has not returned after HUNG_S or by the `Deadline`
+  (a draining process), so a stop request is honoured by its deadline even when the client
+  does not return.
+- Control flows one way, from the owner into the checkpoint: the checkpoint never calls back.
+  `commit` hands back its steps, and each step the `Call` that is out; the owner drives them,
+  waiting on each call a quarter second at a time. The consume loop serves its consumer in
+  between, so a rebalance meanwhile is answered (the whole group waits on a member that does
+  not) and partitions lost to the session timeout (a group coordinator unreachable longer than
+  that) are handed back and rejoined at once, not after the call; when the transaction is no
+  longer wanted (the partitions were lost) it abandons the call (`Call.abandon`), and the
+  checkpoint gives it up at once instead of after HUNG_S. The `Deadline` is the one thing the
+  checkpoint reads of its owner: a value the owner sets when a stop is asked.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Generator
+from typing import Any, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
@@ -63,6 +67,8 @@ TRANSACTION_TIMEOUT_MS = 10_000
 # though another node had taken the group over). A new producer looks the coordinators up
 # afresh, and each second more of waiting is a second the whole stage stands still.
 HUNG_S = CALL_TIMEOUT_S + 3.0
+# How long a driver waits on a call out before it looks again (and serves its consumer).
+WAIT_S = 0.25
 RETRY_S = 30.0  # how long retriable commit errors are retried before the transaction is aborted
 # Two live processes with one id fence each other at every commit, so they reach the limit in
 # seconds; a broker fault fences a process at most once (its transaction timed out while the
@@ -138,20 +144,92 @@ class FenceCounter:
                 "stopping instead of fighting it")
 
 
+class Deadline:
+    """When blocking Kafka work gives up: not before its owner sets `at` (a monotonic time: a
+    stop was asked). The owner sets it; a checkpoint only reads it, so a stop asked while a
+    call is out (its signal handler runs between two waits) cuts that call and its retries
+    short."""
+
+    def __init__(self) -> None:
+        self.at: float | None = None
+
+    def passed(self) -> bool:
+        return self.at is not None and time.monotonic() >= self.at
+
+    def timeout(self, call_timeout_s: float) -> float:
+        """One call's timeout: `call_timeout_s`, less when the deadline is nearer."""
+        if self.at is None:
+            return call_timeout_s
+        return max(0.1, min(call_timeout_s, self.at - time.monotonic()))
+
+
+class Call:
+    """One blocking transactional call, out in a thread of its own: after broker restarts a
+    call was seen not to return for minutes whatever its timeout. Whoever drives the
+    checkpoint's steps waits on it (see the module doc) and may `abandon` it."""
+
+    def __init__(self, what: str, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        self.what = what
+        self.unwanted: str | None = None  # why the driver gave up on it
+        self.returned = False  # whether it had returned when the driver last waited on it
+        self.started = time.monotonic()
+        self._result: list[tuple[bool, Any]] = []
+
+        def run() -> None:
+            try:
+                self._result.append((True, fn(*args)))
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+                self._result.append((False, exc))
+
+        self._thread = threading.Thread(target=run, name=f"kafka-{what}", daemon=True)
+        self._thread.start()
+
+    def wait(self, timeout_s: float) -> bool:
+        """Wait up to `timeout_s` for it to return; True once it has."""
+        self._thread.join(timeout_s)
+        self.returned = not self._thread.is_alive()
+        return self.returned
+
+    def abandon(self, reason: str) -> None:
+        """The transaction is no longer wanted: give up on the call at once, not after HUNG_S."""
+        self.unwanted = self.unwanted or reason
+
+    def result(self) -> Any:
+        ok, value = self._result[0]
+        if ok:
+            return value
+        raise value
+
+
+T = TypeVar("T")
+# A checkpoint's blocking work, one step per wait: each step hands the driver the call that is
+# out; the driver waits on it a while (see `Call.wait`) before taking the next step, and
+# closes the steps if it stops early (so the checkpoint's clean-up runs then, not whenever the
+# steps are collected).
+Steps = Generator[Call, None, T]
+
+
+def finish(steps: Steps[T]) -> T:
+    """Drive a checkpoint's steps, only waiting on each call (nothing else to serve)."""
+    with contextlib.closing(steps):
+        try:
+            while True:
+                next(steps).wait(WAIT_S)
+        except StopIteration as done:
+            return done.value
+
+
 class Checkpoint:
     """A transactional producer that commits outputs with input offsets (see module doc).
 
-    `deadline()` returns the monotonic time by which blocking work must give up (a draining
-    process), or None; `serve()` runs while a blocking call is out, True: abandon it."""
+    `deadline`: when blocking work gives up (a draining process), read, never written."""
 
     def __init__(self, settings: Settings, transactional_id: str,
-                 deadline: Callable[[], float | None] = lambda: None,
-                 call_timeout_s: float = CALL_TIMEOUT_S, retry_s: float = RETRY_S,
-                 serve: Callable[[], bool] = lambda: False) -> None:
+                 deadline: Deadline | None = None,
+                 call_timeout_s: float = CALL_TIMEOUT_S, retry_s: float = RETRY_S) -> None:
         self.settings = settings
-        self.serve = serve  # see the module doc
         self.transactional_id = transactional_id
-        self.deadline = deadline
+        self.deadline = deadline or Deadline()
         self.call_timeout_s = call_timeout_s
         self.retry_s = retry_s
         self.fences = FenceCounter(f"transactional id {transactional_id}")
@@ -169,24 +247,30 @@ class Checkpoint:
         self.denied: tuple[str, KafkaError] | None = None
 
     def open(self) -> None:
-        """Initialize the transactional producer: waits (bounded by the caller's deadline) for
-        the cluster, and fences any older holder of the transactional id."""
+        """Initialize the transactional producer: waits (bounded by the deadline) for the
+        cluster, and fences any older holder of the transactional id."""
+        finish(self._open())
+
+    def _open(self) -> Steps[None]:
         if self.producer is None:
-            self.producer = self._new_producer()
+            self.producer = yield from self._new_producer()
 
     # -- producing ---------------------------------------------------------------------------
 
     def begin(self) -> None:
+        finish(self._begin())
+
+    def _begin(self) -> Steps[None]:
         if self.in_txn:
             return
-        self.open()
+        yield from self._open()
         try:
             self.producer.begin_transaction()
         except KafkaException as exc:
             # Nothing is open, so nothing is lost: start over on a fresh producer.
             log.warning("begin_transaction: %s; rebuilding the producer", exc.args[0])
             self._drop(exc.args[0])
-            self.open()
+            yield from self._open()
             self.producer.begin_transaction()
         self.in_txn = True
 
@@ -206,26 +290,28 @@ class Checkpoint:
             err: KafkaError = exc.args[0]
             if err.code() in _REFUSED:
                 raise RecordRefused(f"{topic}: {err.str()}") from exc
-            self._failed(err, "produce")
+            finish(self._failed(err, "produce"))
 
     # -- committing --------------------------------------------------------------------------
 
-    def commit(self, offsets: list[TopicPartition], group_metadata: Callable[[], Any]) -> None:
-        """Commit what was produced with `offsets`; raises Rewind when it could not."""
+    def commit(self, offsets: list[TopicPartition], group_metadata: Callable[[], Any]
+               ) -> Steps[None]:
+        """The steps that commit what was produced with `offsets`, to be driven by the caller
+        (`finish` when it has nothing to serve meanwhile); they raise Rewind when it could not."""
         if not offsets and not self.in_txn:
             return
-        self.begin()
+        yield from self._begin()
         started = time.monotonic()
         sent = not offsets
         while True:
             try:
                 if not sent:
-                    self._call("send_offsets_to_transaction",
-                               self.producer.send_offsets_to_transaction,
-                               offsets, group_metadata(), self._timeout())
+                    yield from self._call("send_offsets_to_transaction",
+                                          self.producer.send_offsets_to_transaction,
+                                          offsets, group_metadata(), self._timeout())
                     sent = True
-                self._call("commit_transaction", self.producer.commit_transaction,
-                           self._timeout())
+                yield from self._call("commit_transaction", self.producer.commit_transaction,
+                                      self._timeout())
                 break
             except KafkaException as exc:
                 err: KafkaError = exc.args[0]
@@ -233,20 +319,23 @@ class Checkpoint:
                     log.info("commit: %s; trying again", err)
                     time.sleep(0.2)
                     continue
-                self._failed(err, "commit")
+                yield from self._failed(err, "commit")
         self.in_txn = False
         self.tracking = False  # the refused record's input is handled
 
     def abort(self) -> None:
         """Abort the open transaction (bounded); a producer that cannot is dropped."""
+        finish(self._abort())
+
+    def _abort(self) -> Steps[None]:
         if not self.in_txn or self.producer is None:
             self.in_txn = False
             return
         started = time.monotonic()
         while True:
             try:
-                self._call("abort_transaction", self.producer.abort_transaction,
-                           self._timeout())
+                yield from self._call("abort_transaction", self.producer.abort_transaction,
+                                      self._timeout())
                 break
             except KafkaException as exc:
                 err: KafkaError = exc.args[0]
@@ -258,7 +347,7 @@ class Checkpoint:
                 break
         self.in_txn = False
 
-    def _failed(self, err: KafkaError, call: str) -> None:
+    def _failed(self, err: KafkaError, call: str) -> Steps[None]:
         """Leave the failed transaction behind (abort, or rebuild) and tell the caller."""
         self.rewinds += 1
         if self._classify(err) == "rebuild":
@@ -266,7 +355,7 @@ class Checkpoint:
             self._drop(err)
         else:
             log.warning("%s: %s; aborting and rewinding", call, err)
-            self.abort()
+            yield from self._abort()
         if self.denied is not None:
             topic, refusal = self.denied
             raise AccessDenied(str(problem(refusal, self.settings.bootstrap_servers,
@@ -310,14 +399,15 @@ class Checkpoint:
     def _classify(self, err: KafkaError) -> str:
         return classify(err, self.settings.bootstrap_servers)
 
-    def _new_producer(self) -> Producer:
+    def _new_producer(self) -> Steps[Producer]:
         """A producer with our transactional id, initialized (which fences older holders)."""
         producer = self._producer()
         started = time.monotonic()
         while True:
             try:
                 self.producer = producer  # what a call that does not return abandons
-                self._call("init_transactions", producer.init_transactions, self._timeout())
+                yield from self._call("init_transactions", producer.init_transactions,
+                                      self._timeout())
                 return producer
             except KafkaException as exc:
                 err = exc.args[0]
@@ -334,62 +424,48 @@ class Checkpoint:
             finally:
                 self.producer = None
 
-    def _call(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
-        """One blocking transactional call, run in a thread of its own: after broker restarts a
-        call was seen not to return for minutes whatever its timeout. Past HUNG_S, the
-        caller's deadline, or when `serve()` says the transaction is no longer wanted, the
-        producer is abandoned (never destroyed while the call runs; the next producer's
-        initialization fences it) and a fatal error raised, so the caller rewinds on a new
-        producer."""
-        result: list[tuple[bool, Any]] = []
-
-        def run() -> None:
-            try:
-                result.append((True, fn(*args)))
-            except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
-                result.append((False, exc))
-
-        thread = threading.Thread(target=run, name=f"kafka-{what}", daemon=True)
-        thread.start()
-        started = time.monotonic()
-        while thread.is_alive():
-            thread.join(0.25)
-            if not thread.is_alive():
-                break
-            unwanted = self.serve()
-            deadline = self.deadline()
-            now = time.monotonic()
-            if unwanted or now - started > HUNG_S or (deadline is not None and now > deadline):
+    def _call(self, what: str, fn: Callable[..., Any], *args: Any) -> Steps[Any]:
+        """One blocking transactional call (a `Call`), handed to the driver until it returns.
+        Past HUNG_S, the deadline, or when the driver abandoned it, the producer is abandoned
+        (never destroyed while the call runs; the next producer's initialization fences it)
+        and a fatal error raised, so the caller rewinds on a new producer."""
+        call = Call(what, fn, args)
+        while True:
+            yield call
+            if call.returned:
+                return call.result()
+            elapsed = time.monotonic() - call.started
+            if call.unwanted or elapsed > HUNG_S or self.deadline.passed():
                 log.warning("%s did not return in %.0f s%s; abandoning the producer", what,
-                            now - started, " and is no longer wanted" if unwanted else "")
+                            elapsed, " and is no longer wanted" if call.unwanted else "")
                 self._abandoned.append(self.producer)
                 self.producer = None
                 self.in_txn = False
                 raise KafkaException(KafkaError(KafkaError._FATAL, f"{what} did not return"))
-        ok, value = result[0]
-        if ok:
-            return value
-        raise value
 
     # -- bounds ------------------------------------------------------------------------------
 
     def _timeout(self) -> float:
-        deadline = self.deadline()
-        if deadline is None:
-            return self.call_timeout_s
-        return max(0.1, min(self.call_timeout_s, deadline - time.monotonic()))
+        return self.deadline.timeout(self.call_timeout_s)
 
     def _expired(self, started: float, budget_s: float | None) -> bool:
-        """The caller's deadline has come, or `budget_s` has passed since `started`."""
-        deadline = self.deadline()
-        if deadline is not None and time.monotonic() >= deadline:
+        """The deadline has come, or `budget_s` has passed since `started`."""
+        if self.deadline.passed():
             return True
         return budget_s is not None and time.monotonic() - started >= budget_s
 
     def committed(self, consumer: Consumer, partitions: list[TopicPartition]
                   ) -> list[TopicPartition]:
-        """The group's committed offsets (see `committed`), bounded by the caller's deadline."""
-        return committed(consumer, partitions, self._timeout, self.deadline)
+        """The group's committed offsets, retried while the cluster is unreachable (each try
+        bounded by the call timeout); raises Stopped when the deadline comes first."""
+        while True:
+            try:
+                return consumer.committed(partitions, timeout=self._timeout())
+            except KafkaException as exc:
+                if self.deadline.passed():
+                    raise Stopped(str(exc)) from exc
+                log.info("committed offsets: %s; trying again", exc.args[0])
+                time.sleep(0.5)
 
     def close(self) -> None:
         """Abort what is open and let the producer go, all bounded."""
@@ -399,22 +475,6 @@ class Checkpoint:
             self.abort()
         if self.producer is not None:
             close_bounded(self.producer, self.call_timeout_s)
-
-
-def committed(consumer: Consumer, partitions: list[TopicPartition],
-              timeout: Callable[[], float] = lambda: CALL_TIMEOUT_S,
-              deadline: Callable[[], float | None] = lambda: None) -> list[TopicPartition]:
-    """The group's committed offsets, retried while the cluster is unreachable (each try
-    bounded by `timeout()`); raises Stopped when `deadline()` comes first."""
-    while True:
-        try:
-            return consumer.committed(partitions, timeout=timeout())
-        except KafkaException as exc:
-            until = deadline()
-            if until is not None and time.monotonic() >= until:
-                raise Stopped(str(exc)) from exc
-            log.info("committed offsets: %s; trying again", exc.args[0])
-            time.sleep(0.5)
 
 
 class _suppress_kafka:  # noqa: N801

@@ -1,9 +1,11 @@
 """When a loop commits, and what happens to a commit while it is out.
 
-A commit that waits on the cluster (a coordinator moving) must not stop the group: the loop
-serves its consumer meanwhile, so a rebalance is answered and partitions lost are handed back.
-What the rebalance means for the commit under way is recorded on its `CommitInFlight`, the
-one place the rebalance callbacks and the commit share, instead of flags on the loop.
+A commit that waits on the cluster (a coordinator moving) must not stop the group: the
+checkpoint hands the loop each call it waits on (rollstream/transaction.py), and the loop
+serves its consumer between two waits, so a rebalance is answered and partitions lost are
+handed back. The checkpoint never calls back into the loop. What the rebalance means for the
+commit under way is recorded on its `CommitInFlight`, the one place the rebalance callbacks
+and the commit share, instead of flags on the loop; the loop reads it between two waits.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ class CommitInFlight:
 
     Partitions revoked meanwhile are committed by it (their offsets are in it); partitions lost,
     an event handed out by a partition that should have been paused, or a consumer that failed
-    mean the transaction is no longer wanted: it is abandoned, and the loop rewinds."""
+    mean the transaction is no longer wanted: the loop abandons the call out, and rewinds."""
 
     abandoned: str | None = None  # why, once it is no longer wanted
 

@@ -8,7 +8,8 @@ What it does for whoever runs on it (the stage runtime, the trainer bridge):
   first; lost partitions (the session expired): dropped, nothing of them committed, and the
   rest redone from the last commit (a rewind);
 - one Kafka transaction (rollstream/transaction.py) holding the outputs and the input offsets;
-  while it waits on the cluster the group is served (see `CommitInFlight`);
+  while it waits on the cluster the loop serves the group (see `CommitInFlight`): the
+  checkpoint hands back the calls it waits on and never calls back into the loop;
 - a consumer that failed for good (e.g. a static member fenced after a broker restart) is
   rebuilt and rejoins; an id that another live process keeps fencing stops the process with a
   message saying so (`IdInUse`).
@@ -18,10 +19,10 @@ The owner keeps its in-flight work; the loop tells it, through `Work`, when work
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
 from typing import Protocol
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
@@ -34,9 +35,12 @@ from rollstream.consume.held import Held
 from rollstream.kafka_errors import raise_if_denied
 from rollstream.transaction import (
     CALL_TIMEOUT_S,
+    WAIT_S,
     Checkpoint,
+    Deadline,
     FenceCounter,
     Rewind,
+    Steps,
     Stopped,
     close_bounded,
     fatal,
@@ -58,7 +62,7 @@ class Work(Protocol):
 class ConsumeLoop:
     def __init__(self, settings: Settings, topic: str, group: str, name: str, work: Work, *,
                  restores: bool = False, health_name: str = "",
-                 deadline: Callable[[], float | None] = lambda: None) -> None:
+                 deadline: Deadline | None = None) -> None:
         self.settings = settings
         self.topic = topic
         self.group = group
@@ -66,7 +70,7 @@ class ConsumeLoop:
         self.work = work
         self.restores = restores
         self.checkpoint = Checkpoint(settings, kafka.process_id(settings, group),
-                                     deadline=deadline, serve=self._serve)
+                                     deadline=deadline)
         self.held = Held(topic)
         self.poison = Poison(self.checkpoint)
         self.stats: Counter[str] = Counter()
@@ -211,23 +215,27 @@ class ConsumeLoop:
         if not offsets and not self.checkpoint.in_txn:
             return
         started = time.monotonic()
-        self.checkpoint.commit(list(offsets.values()), self.consumer.consumer_group_metadata)
+        self._drive(self.checkpoint.commit(list(offsets.values()),
+                                           self.consumer.consumer_group_metadata), self._inflight)
         self.poison.clear_sources()
         self.stats["commits"] += 1
         self.metrics.committed(time.monotonic() - started)
         self.held.committed(list(offsets))
 
-    def _serve(self) -> bool:
-        """While the main loop's commit waits on the cluster (a coordinator moving): serve the
-        consumer, so a rebalance meanwhile is answered and partitions lost are handed back and
-        rejoined at once, taking no events (every partition paused). True when the transaction
-        is no longer wanted; the commit is then abandoned at once."""
-        state = self._inflight
-        if state is None:  # a commit from a rebalance callback, or the last one
-            return False
-        self.held.pause(self.consumer, 0)
-        self.keep_alive()
-        return state.abandoned is not None
+    def _drive(self, steps: Steps[None], state: CommitInFlight | None) -> None:
+        """Take the checkpoint's steps, waiting on each call out. While the main loop's commit
+        (`state`; None: one from a rebalance callback, or the last one) waits on the cluster (a
+        coordinator moving): serve the consumer, so a rebalance meanwhile is answered and
+        partitions lost are handed back and rejoined at once, taking no events (every
+        partition paused). A commit no longer wanted gives up its call at once."""
+        with contextlib.closing(steps):
+            for call in steps:
+                if call.wait(WAIT_S) or state is None:
+                    continue
+                self.held.pause(self.consumer, 0)
+                self.keep_alive()
+                if state.abandoned is not None:
+                    call.abandon(state.abandoned)
 
     # -- rewinds and rebuilds ----------------------------------------------------------------
 
@@ -332,7 +340,7 @@ class ConsumeLoop:
         self.work.release(parts)
         self.held.drop(consumer, parts)
         # What the open transaction holds may be for the lost partitions: it must not commit
-        # (a commit under way is abandoned: see _serve).
+        # (a commit under way is abandoned: see _drive).
         if self._inflight is None:
             self.checkpoint.abort()
         self._interrupt("partitions lost")

@@ -2,8 +2,8 @@
 
 SIGTERM/SIGINT: stop taking events, let in-flight ones finish within the drain timeout, commit
 (one bounded call more), leave the group (bounded): every blocking Kafka call is bounded by
-`deadline` or abandoned (see transaction.py), so a cluster that does not answer cannot keep the
-process alive.
+`deadline` (a `Deadline` the checkpoint reads) or abandoned (see transaction.py), so a cluster
+that does not answer cannot keep the process alive.
 """
 
 from __future__ import annotations
@@ -12,13 +12,16 @@ import contextlib
 import signal
 import time
 
-from rollstream.transaction import CALL_TIMEOUT_S
+from rollstream.transaction import CALL_TIMEOUT_S, Deadline
 
 
 class Stopping:
     def __init__(self, drain_timeout_s: float) -> None:
         self.drain_timeout_s = drain_timeout_s
         self.asked_at: float | None = None
+        # When blocking Kafka work gives up: the drain timeout after a stop request, plus one
+        # bounded call for the last commit; never before one. The checkpoint reads it.
+        self.deadline = Deadline()
 
     @property
     def asked(self) -> bool:
@@ -27,19 +30,13 @@ class Stopping:
     def ask(self) -> None:
         if self.asked_at is None:
             self.asked_at = time.monotonic()
+            self.deadline.at = self.asked_at + self.drain_timeout_s + CALL_TIMEOUT_S
 
     def drain_left(self) -> float:
         """Seconds left for in-flight work to finish."""
         if self.asked_at is None:
             return self.drain_timeout_s
         return max(0.0, self.asked_at + self.drain_timeout_s - time.monotonic())
-
-    def deadline(self) -> float | None:
-        """When blocking Kafka work gives up: the drain timeout after a stop request, plus one
-        bounded call for the last commit; None before one."""
-        if self.asked_at is None:
-            return None
-        return self.asked_at + self.drain_timeout_s + CALL_TIMEOUT_S
 
     def on_signals(self) -> None:
         # A plain handler, not loop.add_signal_handler: it runs between two bounded Kafka calls

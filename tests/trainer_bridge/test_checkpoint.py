@@ -22,6 +22,7 @@ from rollstream.config import Settings
 from rollstream.transaction import (
     FENCE_LIMIT,
     HUNG_S,
+    WAIT_S,
     Checkpoint,
     FenceCounter,
     IdInUse,
@@ -64,22 +65,24 @@ def test_an_id_fenced_again_and_again_stops_with_a_message_saying_why() -> None:
 
 
 def test_a_call_out_is_served_and_abandoned_once_it_is_no_longer_wanted() -> None:
-    """While a transactional call is out the caller's `serve` runs (the stage keeps its
-    consumer's group there); when it says the transaction is no longer wanted (partitions
-    lost), the call is abandoned then, not after HUNG_S."""
+    """While a transactional call is out the checkpoint hands it to its driver, which serves
+    meanwhile (the stage keeps its consumer's group there); when the driver finds the
+    transaction no longer wanted (partitions lost), the call is abandoned then, not after
+    HUNG_S."""
     served: list[float] = []
 
     def serve() -> bool:
         served.append(time.monotonic())
         return len(served) >= 3
 
-    checkpoint = Checkpoint(Settings(bootstrap_servers="127.0.0.1:1"), "serve-test",
-                            serve=serve)
+    checkpoint = Checkpoint(Settings(bootstrap_servers="127.0.0.1:1"), "serve-test")
     stuck = threading.Event()  # a call that does not return until released
     started = time.monotonic()
     try:
         with pytest.raises(KafkaException) as info:
-            checkpoint._call("send_offsets_to_transaction", stuck.wait, 60)
+            for call in checkpoint._call("send_offsets_to_transaction", stuck.wait, 60):
+                if not call.wait(WAIT_S) and serve():
+                    call.abandon("partitions lost")
     finally:
         stuck.set()
     assert info.value.args[0].code() == KafkaError._FATAL
