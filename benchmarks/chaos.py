@@ -31,9 +31,7 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -162,22 +160,9 @@ class Pipeline:
             self.start(name)
         return gone
 
-    def stop_all(self, timeout: float = 45.0) -> list[str]:
-        """SIGTERM everything; the names that did not stop within timeout (hung)."""
-        hung = []
-        for _name, proc in list(self.procs.procs.items()):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        for name, proc in list(self.procs.procs.items()):
-            try:
-                proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                hung.append(name)
-                proc.kill()
-                proc.wait()
-        self.procs.procs.clear()
-        return hung
+    def stop_all(self) -> list[str]:
+        """SIGTERM everything; the names that did not stop in time (hung)."""
+        return self.procs.stop_together()
 
 
 def _follow(settings: Settings, run: Run, expected: set[str], deadline: float,

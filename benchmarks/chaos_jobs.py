@@ -28,8 +28,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -142,23 +140,6 @@ class Kills:
         self.down.clear()
 
 
-def _stop(procs: ProcessGroup, timeout: float = 45.0) -> list[str]:
-    """SIGTERM every process; the names that did not stop within `timeout` (hung)."""
-    for proc in procs.procs.values():
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-    hung, deadline = [], time.monotonic() + timeout
-    for name, proc in procs.procs.items():
-        try:
-            proc.wait(max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            hung.append(name)
-            proc.kill()
-            proc.wait()
-    procs.procs.clear()
-    return hung
-
-
 def one_run(bootstrap: str, workdir: Path, episodes: int, kills: int, interval: float,
             timeout_s: float, replication_factor: int,
             ceilings: dict[str, float | None]) -> dict[str, Any]:
@@ -219,7 +200,7 @@ def one_run(bootstrap: str, workdir: Path, episodes: int, kills: int, interval: 
         for reader in readers:
             reader.join(10)
         schedule.restart_down()
-        hung = _stop(procs)
+        hung = procs.stop_together()
     per_job = {}
     for job, run in runs.items():
         end = run.finished or time.monotonic() - started

@@ -61,6 +61,23 @@ class ProcessGroup:
         for name in list(self.procs):
             self.stop(name, timeout)
 
+    def stop_together(self, timeout: float = 45.0) -> list[str]:
+        """SIGTERM every process at once; the names that did not stop within `timeout` (hung,
+        then killed): a benchmark's verdict on clean shutdown."""
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        hung, deadline = [], time.monotonic() + timeout
+        for name, proc in self.procs.items():
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                hung.append(name)
+                proc.kill()
+                proc.wait()
+        self.procs.clear()
+        return hung
+
     def log_tail(self, name: str, lines: int = 40) -> str:
         """The end of a process's log, for a failure message (CI keeps no temp folders)."""
         path = self.log_dir / f"{name}.log"
