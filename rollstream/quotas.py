@@ -247,8 +247,9 @@ class JobQuotas:
         return max(0, quota - in_flight - elsewhere)
 
     def _turn_room(self) -> int | None:
-        """One episode at a time, and none while the job's next turn must wait: an episode
-        taken then would only wait too, holding an inference slot the other jobs could use."""
+        """At most one more episode per look (not one in flight: its episodes take turns at
+        the pace), and none while the job's next turn must wait: an episode taken then would
+        only wait too, holding an inference slot the other jobs could use."""
         if self.stage != "run" or self.job["quota_turns_per_s"] <= 0:
             return None
         return 0 if self._next_turn > time.monotonic() else 1
