@@ -160,10 +160,6 @@ class Pipeline:
             self.start(name)
         return gone
 
-    def stop_all(self) -> list[str]:
-        """SIGTERM everything; the names that did not stop in time (hung)."""
-        return self.procs.stop_together()
-
 
 def _follow(settings: Settings, run: Run, expected: set[str], deadline: float,
             tick: Any, grace_s: float) -> None:
@@ -349,7 +345,7 @@ def one_run(base: Settings, workdir: Path, label: str, episodes: int, faults: bo
             for node in [n for _, n in chaos.down]:
                 cluster.start_node(node)
     finally:
-        run.hung = pipeline.stop_all()
+        run.hung = pipeline.procs.stop_together()  # the names that did not stop (hung)
         policy.stop_all()
     return run, expected
 
