@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from rollstream import config, health
+from rollstream import config
 from rollstream.cli import common
 
 
@@ -64,7 +64,6 @@ def run_train(args: argparse.Namespace) -> int:
     max_staleness = args.max_staleness
     if max_staleness is None and job is not None and job["max_staleness"]:
         max_staleness = job["max_staleness"]
-    health.component("bridge", "loading the model")  # the bridge takes it over once it joins
     policy = GroupPolicy(normalize_std=not args.dr_grpo, max_staleness=max_staleness,
                          group_timeout_s=args.group_timeout, incomplete=args.incomplete,
                          drop_zero_variance=not args.keep_zero_variance)
