@@ -35,10 +35,14 @@ error does:
   longer wanted (the partitions were lost) it abandons the call (`Call.abandon`), and the
   checkpoint gives it up at once instead of after HUNG_S. The `Deadline` is the one thing the
   checkpoint reads of its owner: a value the owner sets when a stop is asked.
+- An owner on an event loop shared with others (several jobs' runtimes in one fleet process)
+  drives the steps with `finish_async`: each wait yields to the loop, so one job's commit
+  waiting on the cluster does not hold up the other jobs.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import threading
@@ -174,12 +178,20 @@ class Call:
         self.returned = False  # whether it had returned when the driver last waited on it
         self.started = time.monotonic()
         self._result: list[tuple[bool, Any]] = []
+        # Event loops waiting on it (`wait_async`), woken when it returns.
+        self._lock = threading.Lock()
+        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
 
         def run() -> None:
             try:
                 self._result.append((True, fn(*args)))
             except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
                 self._result.append((False, exc))
+            with self._lock:
+                waiters, self._waiters = self._waiters, []
+            for loop, future in waiters:
+                with contextlib.suppress(RuntimeError):  # that loop has closed
+                    loop.call_soon_threadsafe(_wake, future)
 
         self._thread = threading.Thread(target=run, name=f"kafka-{what}", daemon=True)
         self._thread.start()
@@ -187,7 +199,21 @@ class Call:
     def wait(self, timeout_s: float) -> bool:
         """Wait up to `timeout_s` for it to return; True once it has."""
         self._thread.join(timeout_s)
-        self.returned = not self._thread.is_alive()
+        self.returned = bool(self._result)
+        return self.returned
+
+    async def wait_async(self, timeout_s: float) -> bool:
+        """`wait`, yielding to the event loop meanwhile (woken as soon as the call returns)."""
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        with self._lock:  # the call's thread takes the waiters under it once it has a result
+            out = not self._result
+            if out:
+                self._waiters.append((loop, future))
+        if out:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(future, timeout_s)
+        self.returned = bool(self._result)
         return self.returned
 
     def abandon(self, reason: str) -> None:
@@ -210,13 +236,37 @@ Steps = Generator[Call, None, T]
 
 
 def finish(steps: Steps[T]) -> T:
-    """Drive a checkpoint's steps, only waiting on each call (nothing else to serve)."""
+    """Drive a checkpoint's steps in this thread, waiting on each call (what is to be served
+    between two waits, the steps do themselves: see ConsumeLoop)."""
     with contextlib.closing(steps):
         try:
             while True:
                 next(steps).wait(WAIT_S)
         except StopIteration as done:
             return done.value
+
+
+async def finish_async(steps: Steps[T]) -> T:
+    """`finish` on an event loop: the loop's other tasks run while a call is out."""
+    with contextlib.closing(steps):
+        try:
+            while True:
+                await next(steps).wait_async(WAIT_S)
+        except StopIteration as done:
+            return done.value
+
+
+def _wake(future: asyncio.Future[None]) -> None:
+    if not future.done():  # not given up on (its wait timed out)
+        future.set_result(None)
+
+
+def pause(seconds: float) -> Steps[None]:
+    """Wait `seconds` (between two tries) as a step, so a driver on an event loop does not
+    hold the loop up; not abandoned, it is short."""
+    call = Call("pause", time.sleep, (seconds,))
+    while not call.returned:
+        yield call
 
 
 class Checkpoint:
@@ -317,7 +367,7 @@ class Checkpoint:
                 err: KafkaError = exc.args[0]
                 if self._classify(err) == "retry" and not self._expired(started, self.retry_s):
                     log.info("commit: %s; trying again", err)
-                    time.sleep(0.2)
+                    yield from pause(0.2)
                     continue
                 yield from self._failed(err, "commit")
         self.in_txn = False
@@ -340,7 +390,7 @@ class Checkpoint:
             except KafkaException as exc:
                 err: KafkaError = exc.args[0]
                 if self._classify(err) == "retry" and not self._expired(started, self.retry_s):
-                    time.sleep(0.2)
+                    yield from pause(0.2)
                     continue
                 log.warning("abort: %s; dropping the producer", err)
                 self._drop(err)
@@ -420,7 +470,7 @@ class Checkpoint:
                 if self._expired(started, None):
                     raise Stopped(f"init_transactions: {err}") from exc
                 log.info("init_transactions: %s; trying again", err)
-                time.sleep(0.5)
+                yield from pause(0.5)
             finally:
                 self.producer = None
 

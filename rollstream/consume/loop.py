@@ -9,7 +9,9 @@ What it does for whoever runs on it (the stage runtime, the trainer bridge):
   rest redone from the last commit (a rewind);
 - one Kafka transaction (rollstream/transaction.py) holding the outputs and the input offsets;
   while it waits on the cluster the loop serves the group (see `CommitInFlight`): the
-  checkpoint hands back the calls it waits on and never calls back into the loop;
+  checkpoint hands back the calls it waits on and never calls back into the loop; an owner on
+  an event loop commits with `commit_async`, which waits without holding the event loop up
+  (the other runtimes of a fleet go on meanwhile);
 - a consumer that failed for good (e.g. a static member fenced after a broker restart) is
   rebuilt and rejoins; an id that another live process keeps fencing stops the process with a
   message saying so (`IdInUse`).
@@ -35,7 +37,6 @@ from rollstream.consume.held import Held
 from rollstream.kafka_errors import raise_if_denied
 from rollstream.transaction import (
     CALL_TIMEOUT_S,
-    WAIT_S,
     Checkpoint,
     Deadline,
     FenceCounter,
@@ -44,6 +45,8 @@ from rollstream.transaction import (
     Stopped,
     close_bounded,
     fatal,
+    finish,
+    finish_async,
 )
 
 log = logging.getLogger("rollstream.consume")
@@ -204,33 +207,47 @@ class ConsumeLoop:
     def commit(self, serve: bool = True) -> None:
         """Commit outputs and input offsets atomically, serving the group while the commit is
         out (not the last one: the process is leaving); raises Rewind when that failed."""
+        finish(self._main_commit(serve))
+
+    async def commit_async(self, serve: bool = True) -> None:
+        """`commit` on an event loop, which runs its other tasks while the commit is out."""
+        await finish_async(self._main_commit(serve))
+
+    def _main_commit(self, serve: bool) -> Steps[None]:
         self._inflight = CommitInFlight() if serve else None
         try:
-            self._commit()
+            yield from self._commit_steps(self._inflight)
         finally:
             self._inflight = None
 
     def _commit(self) -> None:
+        """Commit from a rebalance callback (inside a poll: nothing to serve meanwhile)."""
+        finish(self._commit_steps(None))
+
+    def _commit_steps(self, state: CommitInFlight | None) -> Steps[None]:
         offsets = self.held.offsets()
         if not offsets and not self.checkpoint.in_txn:
             return
         started = time.monotonic()
-        self._drive(self.checkpoint.commit(list(offsets.values()),
-                                           self.consumer.consumer_group_metadata), self._inflight)
+        yield from self._served(self.checkpoint.commit(list(offsets.values()),
+                                                       self.consumer.consumer_group_metadata),
+                                state)
         self.poison.clear_sources()
         self.stats["commits"] += 1
         self.metrics.committed(time.monotonic() - started)
         self.held.committed(list(offsets))
 
-    def _drive(self, steps: Steps[None], state: CommitInFlight | None) -> None:
-        """Take the checkpoint's steps, waiting on each call out. While the main loop's commit
-        (`state`; None: one from a rebalance callback, or the last one) waits on the cluster (a
-        coordinator moving): serve the consumer, so a rebalance meanwhile is answered and
-        partitions lost are handed back and rejoined at once, taking no events (every
-        partition paused). A commit no longer wanted gives up its call at once."""
+    def _served(self, steps: Steps[None], state: CommitInFlight | None) -> Steps[None]:
+        """The checkpoint's steps, handed on to the driver, which waits on each call out (a
+        while: WAIT_S). While the main loop's commit (`state`; None: one from a rebalance
+        callback, or the last one) waits on the cluster (a coordinator moving): serve the
+        consumer between two waits, so a rebalance meanwhile is answered and partitions lost
+        are handed back and rejoined at once, taking no events (every partition paused). A
+        commit no longer wanted gives up its call at once."""
         with contextlib.closing(steps):
             for call in steps:
-                if call.wait(WAIT_S) or state is None:
+                yield call
+                if call.returned or state is None:
                     continue
                 self.held.pause(self.consumer, 0)
                 self.keep_alive()
@@ -340,7 +357,7 @@ class ConsumeLoop:
         self.work.release(parts)
         self.held.drop(consumer, parts)
         # What the open transaction holds may be for the lost partitions: it must not commit
-        # (a commit under way is abandoned: see _drive).
+        # (a commit under way is abandoned: see _served).
         if self._inflight is None:
             self.checkpoint.abort()
         self._interrupt("partitions lost")
