@@ -27,7 +27,13 @@ from the shared consume loop (rollstream/consume/) and produces its outputs ther
 - SIGTERM/SIGINT: a graceful stop, bounded (rollstream/consume/stopping.py);
 - several runtimes may share one process and one event loop (`shared=True`: a fleet serving
   many jobs, rollstream/fleet.py): the owner of the loop then handles the signals, and an idle
-  runtime waits by yielding to the loop instead of in a blocking poll.
+  runtime waits by yielding to the loop instead of in a blocking poll;
+- a commit waits on the cluster without holding the event loop up (ConsumeLoop.commit_async):
+  the other runtimes on the loop, and this one's own async events, go on meanwhile. What this
+  runtime's events emit while its commit is out (RUN's checkpoints) cannot join that
+  transaction: it is kept, as encoded then, and produced once the commit is done, first in the
+  next transaction (dropped with the events' partitions or when the commit failed: their
+  events are redone).
 """
 
 from __future__ import annotations
@@ -152,6 +158,9 @@ class StageRuntime:
             self.codec.check_header if record is None
             else functools.partial(self.codec.decode_as, record))
         self._tasks: dict[asyncio.Task, tuple[int, Message]] = {}
+        # What events emitted while the commit was out, for the next transaction (see the
+        # module's docstring); None while no commit is out.
+        self._emitted: list[tuple[Message, Output, bytes | None]] | None = None
         # Async stages: events fetched that wait for the stage's capacity, oldest first.
         self._waiting: deque[Message] = deque()
         self._last_report = time.monotonic()
@@ -208,8 +217,25 @@ class StageRuntime:
         self.loop.restored(self.restores.done())
         self._reap()
         if self.clock.due(self.loop.idle):
-            self.loop.commit()
+            await self._commit()
         self._report()
+
+    async def _commit(self, serve: bool = True) -> None:
+        """Commit, the event loop going on meanwhile; then produce what events emitted while
+        the commit was out, into the next transaction."""
+        self._emitted = []
+        try:
+            await self.loop.commit_async(serve)
+        finally:
+            emitted, self._emitted = self._emitted, None
+        for msg, out, value in emitted:
+            try:
+                self.checkpoint.produce(out.topic, value, out.key, out.partition)
+            except RecordRefused as exc:
+                # As if its emit had raised: the event ends as a dead letter.
+                self._drop_event(msg, exc)
+                continue
+            self.metrics.produced(out.topic)
 
     def _report(self) -> None:
         now = time.monotonic()
@@ -227,6 +253,8 @@ class StageRuntime:
                 task.cancel()
                 del self._tasks[task]
         self._waiting = deque(m for m in self._waiting if m.partition() not in partitions)
+        if self._emitted:  # the next owner resumes their events from what was committed
+            self._emitted = [e for e in self._emitted if e[0].partition() not in partitions]
         self.loop.restore_again(self.restores.release(partitions))
         self.stage.on_revoke(sorted(partitions))
 
@@ -236,6 +264,8 @@ class StageRuntime:
             task.cancel()
         self._tasks.clear()
         self._waiting.clear()
+        if self._emitted:
+            self._emitted.clear()
         self.restores.cancel()
         self.stage.on_revoke(sorted(self.loop.held.progress))
 
@@ -368,8 +398,9 @@ class StageRuntime:
             progress.passed(msg.offset())
             return
         progress.started(msg.offset())
+        emit = functools.partial(self._emit_during, msg)
         task = asyncio.ensure_future(self._call(event, EventContext(msg.partition(),
-                                                                     msg.offset(), self._emit)))
+                                                                     msg.offset(), emit)))
         self._tasks[task] = (msg.partition(), msg)
 
     def _reason(self, exc: Exception) -> str:
@@ -434,6 +465,22 @@ class StageRuntime:
         self.checkpoint.produce(out.topic, value, out.key, out.partition)
         self.metrics.produced(out.topic)
 
+    def _emit_during(self, msg: Message, out: Output) -> None:
+        """An async event's emit: kept for the next transaction while the commit is out."""
+        if self._emitted is None:
+            self._emit(out)
+        else:  # encoded now: the stage may change the record afterwards
+            self._emitted.append((msg, out, self.encoder.encode(out)))
+
+    def _drop_event(self, msg: Message, exc: Exception) -> None:
+        """An event in flight whose kept emit the client refused: it ends as a dead letter."""
+        for task, (part, held) in list(self._tasks.items()):
+            if held is msg:
+                task.cancel()
+                del self._tasks[task]
+                self._finish(msg, [], dead_letter=self._reason(exc))
+                self.loop.held.progress[part].finished(msg.offset())
+
     def _send_dead_letter(self, msg: Message, reason: str) -> None:
         log.warning("stage %s: dead-letter %s[%d]@%d: %s", self.stage.name, msg.topic(),
                     msg.partition(), msg.offset(), reason[:1000])
@@ -456,7 +503,7 @@ class StageRuntime:
                     task.cancel()  # unfinished: the next owner resumes them
                 self._tasks.clear()
             if not self.loop.interrupted:
-                self.loop.commit(serve=False)
+                await self._commit(serve=False)
         except Rewind as exc:
             log.warning("stage %s: last commit failed (%s); the next owner redoes it",
                         self.stage.name, exc)
