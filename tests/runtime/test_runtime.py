@@ -92,28 +92,30 @@ def test_backpressure_bounds_in_flight_work(settings: Settings) -> None:
 
 class OneAtATime(SlowEcho):
     """Capacity for one event while none is in flight; notes on which capacity ask each event
-    started and which ask said 1 again after a 0."""
+    started and which ask first said 1 again after an event finished (it may finish between
+    two asks: the runtime's events go on while its commit is out)."""
 
     def __init__(self, settings: Settings) -> None:
         super().__init__(settings)
         self.busy = False
-        self.said = 1
+        self.freed = False  # an event finished since the last ask
         self.asks = 0
-        self.opened: list[int] = []  # asks that said 1 after one said 0
+        self.opened: list[int] = []  # asks that said 1 first after an event finished
         self.started: list[int] = []  # the last ask before each event started
 
     def capacity(self) -> int | None:
         self.asks += 1
-        if not self.busy and self.said == 0:
+        if not self.busy and self.freed:
             self.opened.append(self.asks)
-        self.said = 0 if self.busy else 1
-        return self.said
+            self.freed = False
+        return 0 if self.busy else 1
 
     async def handle(self, event: dict, ctx: EventContext) -> list[Output]:
         self.started.append(self.asks)
         self.busy = True
         await asyncio.sleep(0.05)
         self.busy = False
+        self.freed = True
         return [Output(self.topics.trajectories, str(event["version"]), "PolicyVersion", event)]
 
 
