@@ -28,12 +28,12 @@ from the shared consume loop (rollstream/consume/) and produces its outputs ther
 - several runtimes may share one process and one event loop (`shared=True`: a fleet serving
   many jobs, rollstream/fleet.py): the owner of the loop then handles the signals, and an idle
   runtime waits by yielding to the loop instead of in a blocking poll;
-- a commit waits on the cluster without holding the event loop up (ConsumeLoop.commit_async):
-  the other runtimes on the loop, and this one's own async events, go on meanwhile. What this
-  runtime's events emit while its commit is out (RUN's checkpoints) cannot join that
-  transaction: it is kept, as encoded then, and produced once the commit is done, first in the
-  next transaction (dropped with the events' partitions or when the commit failed: their
-  events are redone).
+- a commit, and the new producer after a failed transaction, wait on the cluster without
+  holding the event loop up (ConsumeLoop.commit_async): the other runtimes on the loop, and
+  this one's own async events, go on meanwhile. What this runtime's events emit then (RUN's
+  checkpoints) cannot join the transaction being committed: it is kept, as encoded then, and
+  produced once the commit is done, first in the next transaction (dropped with the events'
+  partitions or when the commit failed: their events are redone).
 """
 
 from __future__ import annotations
@@ -61,7 +61,14 @@ from rollstream.consume.records import InvalidEvent, Output, OutputTooLarge
 from rollstream.consume.restores import Restores
 from rollstream.consume.stopping import Stopping
 from rollstream.offsets import PartitionProgress
-from rollstream.transaction import IdInUse, Interrupt, RecordRefused, Rewind, Stopped
+from rollstream.transaction import (
+    IdInUse,
+    Interrupt,
+    RecordRefused,
+    Rewind,
+    Stopped,
+    finish_async,
+)
 
 # Stages import these from here.
 __all__ = ["EventContext", "InvalidEvent", "Output", "OutputTooLarge", "Stage", "StageRuntime",
@@ -158,8 +165,8 @@ class StageRuntime:
             self.codec.check_header if record is None
             else functools.partial(self.codec.decode_as, record))
         self._tasks: dict[asyncio.Task, tuple[int, Message]] = {}
-        # What events emitted while the commit was out, for the next transaction (see the
-        # module's docstring); None while no commit is out.
+        # What events emitted while the checkpoint waited on the cluster, for the next
+        # transaction (see the module's docstring); None while it does not.
         self._emitted: list[tuple[Message, Output, bytes | None]] | None = None
         # Async stages: events fetched that wait for the stage's capacity, oldest first.
         self._waiting: deque[Message] = deque()
@@ -209,6 +216,8 @@ class StageRuntime:
         log.info("stage %s stopped: %s", self.stage.name, dict(self.stats))
 
     async def _step(self) -> None:
+        if self.checkpoint.producer is None:  # dropped with a failed transaction
+            await self._out(finish_async(self.checkpoint.opening()))
         took = self._poll()
         if self.loop.recover():
             return
@@ -221,11 +230,14 @@ class StageRuntime:
         self._report()
 
     async def _commit(self, serve: bool = True) -> None:
-        """Commit, the event loop going on meanwhile; then produce what events emitted while
-        the commit was out, into the next transaction."""
+        await self._out(self.loop.commit_async(serve))
+
+    async def _out(self, work: Awaitable[None]) -> None:
+        """Wait for the checkpoint's `work` on the cluster, the event loop going on meanwhile;
+        then produce what events emitted in the while, into the next transaction."""
         self._emitted = []
         try:
-            await self.loop.commit_async(serve)
+            await work
         finally:
             emitted, self._emitted = self._emitted, None
         for msg, out, value in emitted:
@@ -466,7 +478,8 @@ class StageRuntime:
         self.metrics.produced(out.topic)
 
     def _emit_during(self, msg: Message, out: Output) -> None:
-        """An async event's emit: kept for the next transaction while the commit is out."""
+        """An async event's emit: kept for the next transaction while the checkpoint waits on
+        the cluster (a commit out)."""
         if self._emitted is None:
             self._emit(out)
         else:  # encoded now: the stage may change the record afterwards

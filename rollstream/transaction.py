@@ -299,9 +299,10 @@ class Checkpoint:
     def open(self) -> None:
         """Initialize the transactional producer: waits (bounded by the deadline) for the
         cluster, and fences any older holder of the transactional id."""
-        finish(self._open())
+        finish(self.opening())
 
-    def _open(self) -> Steps[None]:
+    def opening(self) -> Steps[None]:
+        """`open`'s steps, for a driver of its own (see the module doc)."""
         if self.producer is None:
             self.producer = yield from self._new_producer()
 
@@ -313,14 +314,14 @@ class Checkpoint:
     def _begin(self) -> Steps[None]:
         if self.in_txn:
             return
-        yield from self._open()
+        yield from self.opening()
         try:
             self.producer.begin_transaction()
         except KafkaException as exc:
             # Nothing is open, so nothing is lost: start over on a fresh producer.
             log.warning("begin_transaction: %s; rebuilding the producer", exc.args[0])
             self._drop(exc.args[0])
-            yield from self._open()
+            yield from self.opening()
             self.producer.begin_transaction()
         self.in_txn = True
 
