@@ -76,6 +76,7 @@ class Fault:
     target: str
     recovery_s: float | None = None
     note: str = ""  # why recovery_s is None
+    infra: int = 0  # episodes scored infra-classed from this fault to the next (or the end)
 
 
 @dataclass
@@ -90,6 +91,11 @@ class Run:
     faults: list[Fault] = field(default_factory=list)
     exited: list[str] = field(default_factory=list)
     hung: list[str] = field(default_factory=list)
+
+    def good_times(self) -> list[float]:
+        """When each episode not infra-classed was scored, in order: the throughput a fault
+        is to be recovered to (an episode failed as infra is not work done)."""
+        return sorted(t for t, _, cls in list(self.scored) if cls != "infra")
 
     def counts(self, expected: set[str]) -> dict[str, int]:
         seen = Counter(episode for _, episode, _ in self.scored)
@@ -345,7 +351,7 @@ class Chaos:
             return True
         at = faults[-1].at
         for run, ceiling in zip(self.runs, self.ceilings, strict=True):
-            times = sorted(t for t, _, _ in list(run.scored))
+            times = run.good_times()
             if (any(at - 15 <= t < at for t in times)
                     and recovery_s(times, at, now, ceiling) is None):
                 return False
@@ -399,9 +405,12 @@ def one_run(base: Settings, workdir: Path, label: str, episodes: int, faults: bo
 
 
 def time_recoveries(run: Run, ceiling: float | None) -> None:
-    """Each fault's time back to full throughput (see recovery_s), or why there is none."""
-    times = sorted(t for t, _, _ in run.scored)
-    for fault in run.faults:
+    """Each fault's time back to full throughput (see recovery_s), or why there is none, and
+    the infra-classed episodes scored until the next fault."""
+    times = run.good_times()
+    ends = [f.at for f in run.faults[1:]] + [float("inf")]
+    for fault, end in zip(run.faults, ends, strict=True):
+        fault.infra = sum(1 for t, _, cls in run.scored if cls == "infra" and fault.at <= t < end)
         fault.recovery_s = recovery_s(times, fault.at, run.finished, ceiling)
         if fault.recovery_s is None:
             fault.note = ("no rate before" if not any(fault.at - 15 <= t < fault.at

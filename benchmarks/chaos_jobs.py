@@ -192,9 +192,13 @@ def run(quick: bool = False, timeout_s: float = 1800) -> dict[str, Any]:
     print_table("time to full throughput after each fault (s)",
                 ["fault", "target", "at s", *JOBS],
                 [[f["kind"], f["target"], round(f["at"], 1),
-                  *(logs[job][i]["recovery_s"] or logs[job][i]["note"] for job in JOBS)]
-                 for i, f in enumerate(logs[JOBS[0]])])
+                  *(_back(logs[job][i]) for job in JOBS)] for i, f in enumerate(logs[JOBS[0]])])
     return doc
+
+
+def _back(fault: dict[str, Any]) -> str:
+    back = str(fault["recovery_s"] or fault["note"])
+    return f"{back}, {fault['infra']} infra" if fault["infra"] else back
 
 
 if __name__ == "__main__":
