@@ -1,36 +1,38 @@
-"""Chaos with jobs: two jobs on one shared fleet on a local 3-node cluster while the broker
-leading a partition of a job's `episodes` topic is SIGKILLed mid-run (restarted after 5 s).
+"""Chaos with jobs: two jobs on one shared fleet on a local 3-node cluster while partition
+leaders and every kind of process are SIGKILLed mid-run.
 
 Processes (real OS processes): a scripted policy server (multi-turn `guess_number` episodes,
 as in benchmarks/chaos.py) and one `rollstream fleet init|run|eval` process per stage, serving
-both jobs (`rollstream jobs create`, topics with replication factor 3). The kills alternate
-between the leader of alpha's and of beta's `episodes` partition 0, every `interval` seconds
-from the first scored episode of both jobs and never before both jobs' throughput is back
-from the last kill (or 60 s passed). A node leads partitions of both jobs, so each kill hits
-both.
+both jobs (`rollstream jobs create`, topics with replication factor 3). Faults, by
+benchmarks.chaos.Chaos, in turn (FAULT_ORDER), every `interval` seconds from the first scored
+episode of both jobs and never before both jobs' throughput is back from the last one (or 60 s
+passed): a SIGKILL of the broker leading partition 0 of alpha's, then of beta's `episodes`
+(restarted after 5 s; a node leads partitions of both jobs, so each kill hits both) between
+SIGKILLs of the fleet's INIT, RUN and EVAL processes and of the policy server (each started
+again after 1 s, as a supervisor would).
 
 Figures per job, read from its committed `scored` topic by a thread of its own: episodes lost,
-duplicated, infra-classed; for each kill the time until the job's scored rate over 5 s is back
+duplicated, infra-classed; for each fault the time until the job's scored rate over 5 s is back
 to 80% of its rate in the 15 s before (benchmarks.chaos.recovery_s). The bar: 0 lost,
-duplicated and infra per job, no fleet process exited or hung, every job back within 30 s of
-every kill.
+duplicated and infra per job, no process exited unkilled or hung at stop, every job back
+within 30 s of every partition-leader kill; the process kills' times are reported, not bounded.
 
 The same workload runs first without faults (ROLLSTREAM_CHAOS_BASELINE=0 skips it): each
 job's steady rate there caps the rate a recovery is measured against, as in benchmarks.chaos (a
-catch-up burst after a kill is not a rate to recover to). Each job's scored count per 5 s is
-kept in the result. `python -m benchmarks chaos_jobs`: 2,000 episodes per job, 2 kills
-(ROLLSTREAM_CHAOS_JOBS_EPISODES, ROLLSTREAM_CHAOS_JOBS_KILLS; `--quick`: 400 and 1, no run
-without faults).
+catch-up burst after a fault is not a rate to recover to). Each job's scored count per 5 s is
+kept in the result. `python -m benchmarks chaos_jobs`: 3,000 episodes per job, one round of
+FAULT_ORDER, 8 faults (ROLLSTREAM_CHAOS_JOBS_EPISODES; ROLLSTREAM_CHAOS_JOBS_KINDS, kinds
+in turn; ROLLSTREAM_CHAOS_JOBS_KILLS, how many faults; `--quick`: 400 episodes and 1
+partition-leader kill, no run without faults). tests/e2e/test_chaos.py runs a short version:
+a few dozen episodes per job, one fault of each kind.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -38,114 +40,47 @@ from typing import Any
 
 from benchmarks import print_table, write_result
 from benchmarks.chaos import (
+    BROKER_KINDS,
     GROUP_SIZE,
-    GUESSES,
     PARTITIONS,
     SETTLE_MAX_S,
-    Fault,
+    TARGET_S,
+    Chaos,
+    Pipeline,
     Run,
-    recovery_s,
-    steady_rate,
+    broker_kills_back,
+    figures,
+    follow,
+    parse_kinds,
+    policy_command,
     tasks,
     three_node_cluster,
+    time_recoveries,
 )
 from producers.publish import publish
-from rollstream import jobs, kafka
-from rollstream.broker import cluster
+from rollstream import jobs
 from rollstream.cli import main
-from rollstream.codec import codec
 from rollstream.config import Settings, load
-from rollstream.dev.processes import ProcessGroup, free_port, wait_http
+from rollstream.dev.processes import wait_http
 
 NAME = "chaos_jobs"
 JOBS = ("alpha", "beta")
 STAGES = ("init", "run", "eval")
-RESTART_S = 5.0  # a killed node is started again after this long
-TARGET_S = 30.0
+PROCESS_KINDS = (*STAGES, "policy")
+# A leader kill between process kills: each process kill's recovery is timed from a settled
+# pipeline, and the leader kills alternate between the jobs' topics.
+FAULT_ORDER = ("partition-leader", "init", "partition-leader", "run", "partition-leader",
+               "eval", "partition-leader", "policy")
 
 
-def _follow(settings: Settings, run: Run, stop: threading.Event) -> threading.Thread:
-    """Time each committed scored event of the job as it becomes readable, until `stop`."""
-    def read() -> None:
-        partitions = kafka.whole_topic(settings, settings.topics.scored)
-        assert partitions is not None, settings.topics.scored
-        reader = kafka.reader(settings, partitions)
-        try:
-            while not stop.is_set():
-                for msg in reader.consume(500, timeout=0.2):
-                    if msg.error() is None:
-                        scored = codec().decode_as("ScoredTrajectory", msg.value())
-                        run.scored.append((time.monotonic() - run.started,
-                                           scored["trajectory"]["episode_id"],
-                                           scored["failure_class"]))
-        finally:
-            reader.close()
-
-    thread = threading.Thread(target=read, name=f"scored-{run.label}", daemon=True)
-    thread.start()
-    return thread
-
-
-class Kills:
-    """The fault schedule: a partition-leader kill every `interval` s, alternating between the
-    jobs' episodes topics, never while a node is down or a job is still recovering."""
-
-    def __init__(self, bootstrap: str, runs: dict[str, Run], topics: dict[str, str],
-                 interval: float, count: int, started: float,
-                 ceilings: dict[str, float | None]) -> None:
-        self.bootstrap, self.runs, self.topics = bootstrap, runs, topics
-        self.ceilings = ceilings
-        self.interval, self.count, self.started = interval, count, started
-        self.faults: list[Fault] = []
-        self.down: list[tuple[float, int]] = []  # (restart at, node)
-        self.next_at: float | None = None
-
-    def now(self) -> float:
-        return time.monotonic() - self.started
-
-    def tick(self) -> None:
-        now = self.now()
-        for item in [d for d in self.down if d[0] <= now]:
-            self.down.remove(item)
-            cluster.start_node(item[1])
-        if self.next_at is None:
-            if all(run.scored for run in self.runs.values()):
-                self.next_at = now + self.interval
-            return
-        if (len(self.faults) >= self.count or self.down or now < self.next_at
-                or not self._settled(now) or len(cluster.brokers(self.bootstrap)) < 3):
-            return
-        job = JOBS[len(self.faults) % len(JOBS)]
-        node = cluster.partition_leader(self.bootstrap, self.topics[job])
-        cluster.kill_node(node)
-        self.faults.append(Fault("partition-leader", self.now(),
-                                 f"node {node}, leading {job}'s episodes[0]"))
-        self.down.append((self.now() + RESTART_S, node))
-        self.next_at = self.now() + self.interval
-
-    def _settled(self, now: float) -> bool:
-        if not self.faults or now - self.faults[-1].at >= SETTLE_MAX_S:
-            return True
-        at = self.faults[-1].at
-        for job, run in self.runs.items():
-            times = sorted(t for t, _, _ in list(run.scored))
-            if (any(at - 15 <= t < at for t in times)
-                    and recovery_s(times, at, now, self.ceilings[job]) is None):
-                return False
-        return True
-
-    def restart_down(self) -> None:
-        for _, node in self.down:
-            cluster.start_node(node)
-        self.down.clear()
-
-
-def one_run(bootstrap: str, workdir: Path, episodes: int, kills: int, interval: float,
-            timeout_s: float, replication_factor: int,
-            ceilings: dict[str, float | None]) -> dict[str, Any]:
+def one_run(bootstrap: str, workdir: Path, episodes: int, kinds: list[str], faults: int,
+            interval: float, timeout_s: float, replication_factor: int,
+            ceilings: dict[str, float | None], settle_max_s: float = SETTLE_MAX_S,
+            grace_s: float = 5.0) -> dict[str, Any]:
     """Both jobs' episodes through one fleet (under a cluster prefix of their own) on the
-    cluster at `bootstrap`, with `kills` partition-leader kills; each job's recovery is
-    measured against a rate of at most its `ceilings` (the rate without faults)."""
+    cluster at `bootstrap`, with `faults` faults of `kinds` in turn (benchmarks.chaos.Chaos);
+    each job's recovery is measured against a rate of at most its `ceilings` (the rate without
+    faults)."""
     workdir.mkdir(parents=True, exist_ok=True)
     base = load(bootstrap_servers=bootstrap, prefix=f"cj{uuid.uuid4().hex[:6]}",
                 partitions=PARTITIONS)
@@ -155,118 +90,115 @@ def one_run(bootstrap: str, workdir: Path, episodes: int, kills: int, interval: 
                      "--replication-factor", str(replication_factor),
                      *base.client_flags()]) == 0
         settings[job] = jobs.job_settings(base, jobs.get(base, job))
-    script = workdir / "script.jsonl"
-    script.write_text(json.dumps({"match": "Guess", "completions": GUESSES}) + "\n")
-    procs = ProcessGroup(workdir / "logs")
-    port = free_port()
-    server = procs.start("policy", "serve-scripted", "--port", str(port), "--script", str(script))
-    wait_http(f"http://127.0.0.1:{port}/health", proc=server, timeout=120)
-    commands = {stage: ["fleet", stage, *base.client_flags(),
-                        *(["--policy-url", f"http://127.0.0.1:{port}"] if stage == "run"
-                          else [])] for stage in STAGES}
-    current = {stage: stage for stage in STAGES}  # the process's name: a restart is another
-    for stage in STAGES:
-        procs.start(stage, *commands[stage])
+    policy, url = policy_command(workdir / "script.jsonl")
+    pipeline = Pipeline(workdir / "logs", {
+        "policy": policy,
+        **{stage: ["fleet", stage, *base.client_flags(),
+                   *(["--policy-url", url] if stage == "run" else [])] for stage in STAGES},
+    }, {kind: [kind] for kind in PROCESS_KINDS})
     work = {job: tasks(max(1, episodes // GROUP_SIZE), job) for job in JOBS}
     expected = {job: {f"{t['task_id']}#{i}" for t in work[job] for i in range(GROUP_SIZE)}
                 for job in JOBS}
-    started = time.monotonic()
-    runs = {job: Run(job, len(expected[job]), started=started) for job in JOBS}
-    stop = threading.Event()
-    readers = [_follow(settings[job], runs[job], stop) for job in JOBS]
-    schedule = Kills(bootstrap, runs, {j: settings[j].topics.episodes for j in JOBS},
-                     interval, kills, started, ceilings)
-    exited: list[str] = []
+    runs = {job: Run(job, len(expected[job])) for job in JOBS}
+    chaos = Chaos(pipeline, list(runs.values()), bootstrap, interval, kinds,
+                  [settings[job].topics.episodes for job in JOBS], max_faults=faults,
+                  ceilings=[ceilings[job] for job in JOBS], settle_max_s=settle_max_s)
     try:
+        wait_http(f"{url}/health", proc=pipeline.start("policy"), timeout=120)
+        for stage in STAGES:
+            pipeline.start(stage)
+        started = time.monotonic()
+        for run in runs.values():
+            run.started = started
         for job in JOBS:
             publish(settings[job], work[job])
-        deadline = started + timeout_s
-        while time.monotonic() < deadline:
-            schedule.tick()
-            for stage in STAGES:  # a fleet process that ended unkilled, restarted
-                if procs.procs[current[stage]].poll() is not None:
-                    exited.append(current[stage])
-                    current[stage] = f"{stage}.{len(exited)}"
-                    procs.start(current[stage], *commands[stage])
-            for job, run in runs.items():
-                if not run.finished and expected[job] <= {e for _, e, _ in list(run.scored)}:
-                    run.finished = time.monotonic() - started
-            if all(run.finished for run in runs.values()):
-                break
-            time.sleep(0.25)
-        time.sleep(5)  # a duplicate, if any, arrives after the first copy
+        follow([(settings[job], runs[job], expected[job]) for job in JOBS],
+               started + timeout_s, chaos.tick, grace_s)
     finally:
-        stop.set()
-        for reader in readers:
-            reader.join(10)
-        schedule.restart_down()
-        hung = procs.stop_together()
+        chaos.restart_down()
+        hung = pipeline.procs.stop_together()
     per_job = {}
     for job, run in runs.items():
-        end = run.finished or time.monotonic() - started
+        time_recoveries(run, ceilings[job])
         times = sorted(t for t, _, _ in run.scored)
-        rate = steady_rate(times)
         per_job[job] = {
-            **run.counts(expected[job]), "total_s": round(end, 1),
-            "steady_episodes_per_s": round(rate, 2) if rate else None,
-            "recovery_s": [recovery_s(times, f.at, end, ceilings[job])
-                           for f in schedule.faults],
+            **figures(run, expected[job]),
             "scored_per_5s": [sum(1 for t in times if b * 5 <= t < b * 5 + 5)
-                              for b in range(int(end // 5) + 1)],
+                              for b in range(int(run.finished // 5) + 1)],
         }
-    return {"faults": [vars(f) for f in schedule.faults], "jobs": per_job,
-            "processes_exited_unkilled": exited, "processes_hung_at_stop": hung}
+    return {"jobs": per_job, "processes_exited_unkilled": pipeline.unkilled,
+            "processes_hung_at_stop": hung}
 
 
-def measure(bootstrap: str, workdir: Path, episodes: int, kills: int, interval: float,
-            timeout_s: float, baseline: bool, replication_factor: int = 3) -> dict[str, Any]:
-    """Without faults (when `baseline`: each job's steady rate is then the most its recovery
-    is measured against, as in benchmarks.chaos), then with `kills`."""
+def measure(bootstrap: str, workdir: Path, episodes: int, kinds: list[str], faults: int,
+            interval: float, timeout_s: float, baseline: bool, replication_factor: int = 3,
+            settle_max_s: float = SETTLE_MAX_S, grace_s: float = 5.0) -> dict[str, Any]:
+    """On the 3-node cluster at `bootstrap` (benchmarks.chaos.three_node_cluster): without
+    faults (when `baseline`: each job's steady rate is then the most its recovery is measured
+    against, as in benchmarks.chaos), then with `faults` faults of `kinds` in turn."""
     result: dict[str, Any] = {"episodes_per_job": episodes, "partitions": PARTITIONS,
                               "replication_factor": replication_factor,
-                              "fault_interval_s": interval}
+                              "fault_interval_s": interval, "fault_kinds": kinds}
     ceilings: dict[str, float | None] = dict.fromkeys(JOBS)
     if baseline:
-        calm = one_run(bootstrap, workdir / "calm", episodes, 0, interval, timeout_s,
-                       replication_factor, ceilings)
+        calm = one_run(bootstrap, workdir / "calm", episodes, [], 0, interval, timeout_s,
+                       replication_factor, ceilings, grace_s=grace_s)
         result["without_faults"] = calm
         ceilings = {job: r["steady_episodes_per_s"] for job, r in calm["jobs"].items()}
-    result["with_faults"] = one_run(bootstrap, workdir / "faults", episodes, kills, interval,
-                                    timeout_s, replication_factor, ceilings)
+    result["with_faults"] = one_run(bootstrap, workdir / "faults", episodes, kinds, faults,
+                                    interval, timeout_s, replication_factor, ceilings,
+                                    settle_max_s, grace_s)
     return result
 
 
 def run(quick: bool = False, timeout_s: float = 1800) -> dict[str, Any]:
     env = os.environ.get
-    episodes = int(env("ROLLSTREAM_CHAOS_JOBS_EPISODES", 400 if quick else 2000))
-    kills = int(env("ROLLSTREAM_CHAOS_JOBS_KILLS", 1 if quick else 2))
+    episodes = int(env("ROLLSTREAM_CHAOS_JOBS_EPISODES", 400 if quick else 3000))
+    kinds = parse_kinds(env("ROLLSTREAM_CHAOS_JOBS_KINDS",
+                            "partition-leader" if quick else ",".join(FAULT_ORDER)),
+                        PROCESS_KINDS + BROKER_KINDS)
+    faults = int(env("ROLLSTREAM_CHAOS_JOBS_KILLS", 1 if quick else len(kinds)))
     baseline = not quick and env("ROLLSTREAM_CHAOS_BASELINE", "1") != "0"
     keep = env("ROLLSTREAM_CHAOS_WORKDIR")  # keeps every process's and node's log
     with (contextlib.nullcontext(keep) if keep
           else tempfile.TemporaryDirectory(prefix="rollstream-chaos-jobs-")) as tmp:
         workdir = Path(tmp)
         with three_node_cluster(workdir / "home") as bootstrap:
-            result = measure(bootstrap, workdir, episodes, kills, 10.0, timeout_s, baseline)
-    faults = result["with_faults"]
-    recoveries = [r for job in faults["jobs"].values() for r in job["recovery_s"]]
+            result = measure(bootstrap, workdir, episodes, kinds, faults, 10.0, timeout_s,
+                             baseline)
+    with_faults = result["with_faults"]
+    per_job = with_faults["jobs"].values()
     met = (all(j["lost"] == 0 and j["duplicated"] == 0 and j["infra"] == 0
-               for j in faults["jobs"].values())
-           and len(faults["faults"]) == kills
-           and not faults["processes_exited_unkilled"] and not faults["processes_hung_at_stop"]
-           and all(r is not None and r <= TARGET_S for r in recoveries))
+               and len(j["fault_log"]) == faults and broker_kills_back(j, kinds)
+               for j in per_job)
+           and not with_faults["processes_exited_unkilled"]
+           and not with_faults["processes_hung_at_stop"])
     doc = {"quick": quick, **result, "target": {
-        "description": "per job: 0 lost, 0 duplicated, 0 infra; no fleet process exited or "
-                       f"hung; each job's full throughput back within {TARGET_S:.0f} s of "
-                       "every partition-leader kill",
+        "description": "per job: 0 lost, 0 duplicated, 0 infra; no process (fleet INIT, RUN, "
+                       "EVAL, policy server) exited unkilled or hung at stop; each job's full "
+                       f"throughput back within {TARGET_S:.0f} s of every partition-leader "
+                       "kill. The bound is on broker kills; each process kill's time back "
+                       "(the process SIGKILLed and started again 1 s later) is reported, not "
+                       "bounded",
         "met": met}}
     write_result(NAME, doc)
     print_table("chaos with jobs", ["run", "job", "episodes", "lost", "duplicated", "infra",
-                                    "total s", "back after each kill (s)"],
+                                    "total s"],
                 [[label, job, r["expected"], r["lost"], r["duplicated"], r["infra"],
-                  r["total_s"], ", ".join(str(x) for x in r["recovery_s"])]
+                  r["total_s"]]
                  for label in ("without_faults", "with_faults") if label in result
                  for job, r in result[label]["jobs"].items()])
+    logs = {job: r["fault_log"] for job, r in with_faults["jobs"].items()}
+    print_table("time to full throughput after each fault (s)",
+                ["fault", "target", "at s", *JOBS],
+                [[f["kind"], f["target"], round(f["at"], 1),
+                  *(_back(logs[job][i]) for job in JOBS)] for i, f in enumerate(logs[JOBS[0]])])
     return doc
+
+
+def _back(fault: dict[str, Any]) -> str:
+    back = str(fault["recovery_s"] or fault["note"])
+    return f"{back}, {fault['infra']} infra" if fault["infra"] else back
 
 
 if __name__ == "__main__":
