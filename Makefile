@@ -145,13 +145,15 @@ images: deps
 TEST_WORKERS ?= 3
 # The trainer adapters' tests train on the CPU: two workers took 99-106 s, three 156 s.
 TRAINER_TEST_WORKERS ?= 2
+# Whole files to a worker (module fixtures start once), the heaviest first (tests/conftest.py).
+DIST := --dist loadfile --no-loadscope-reorder
 
 # The trainer adapters' tests run in a session of their own: they put the pinned trainers'
 # newer huggingface_hub and click first on the path, which must not leak into other tests.
 test: test-venv deps images
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not trainers"
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) $(DIST) -m "not trainers"
 	PYTHONPATH=$(TRAINERS_DIR) $(BIN)/python -m pytest -q -n $(TRAINER_TEST_WORKERS) \
-		--dist loadfile -m trainers
+		$(DIST) -m trainers
 
 # The demo installs only what it uses, the package and the broker's jars: no sandboxes, no
 # Docker engine, no harnesses.
