@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .PHONY: venv test-venv broker-jars deps harness-deps swebench-deps vllm-deps trainer-deps \
-	helm-deps slurm-deps test demo \
+	helm-deps slurm-deps java-example test demo \
 	bench lint broker-start broker-stop broker-status images
 
 # Two stamps: the demo needs only the package and its own dependencies; tests, lint and
@@ -54,7 +54,7 @@ deps: test-venv broker-jars
 	@$(call apt_tool,prometheus,prometheus,the real-Prometheus test skips)
 	./scripts/docker-engine.sh
 	@$(call apt_tool,docker-compose,docker-compose,the compose test skips)
-	$(MAKE) harness-deps swebench-deps vllm-deps trainer-deps helm-deps slurm-deps
+	$(MAKE) harness-deps swebench-deps vllm-deps trainer-deps helm-deps slurm-deps java-example
 
 # mini-swe-agent, the harness the gateway is proven with, in a virtualenv of its own: a harness
 # is a separate program with its own dependencies. Versions pinned, litellm included.
@@ -131,6 +131,18 @@ $(HELM_STAMP): $(STAMP) scripts/helm-deps.sh deploy/helm/validate/main.go \
 slurm-deps:
 	@$(call apt_tool,slurmctld,slurm-wlm munge,the Slurm test needs it)
 
+# The Java example (examples/java), which the interop test runs against the pipeline: built
+# here, with Maven fetching its jars once, so the suite does not build it. Skipped without a JDK
+# and Maven (the test then says so).
+JAVA_EXAMPLE := examples/java/target/classpath.txt
+java-example: $(JAVA_EXAMPLE)
+$(JAVA_EXAMPLE): scripts/java-example.sh examples/java/pom.xml $(shell find examples/java/src -name '*.java')
+	@if command -v mvn >/dev/null && command -v java >/dev/null; then \
+		./scripts/java-example.sh; \
+	else \
+		echo "note: no JDK or Maven; the Java interop test skips"; \
+	fi
+
 # Local images for docker-compose.local.yml (scripts/local-images.sh), built with no registry or
 # package index reachable from the builds: Kafka from the bundled broker's jars, Prometheus from
 # Debian's package, Rollstream as Debian's Python running this checkout with .venv's packages.
@@ -145,13 +157,15 @@ images: deps
 TEST_WORKERS ?= 3
 # The trainer adapters' tests train on the CPU: two workers took 99-106 s, three 156 s.
 TRAINER_TEST_WORKERS ?= 2
+# Whole files to a worker (module fixtures start once), the heaviest first (tests/conftest.py).
+DIST := --dist loadfile --no-loadscope-reorder
 
 # The trainer adapters' tests run in a session of their own: they put the pinned trainers'
 # newer huggingface_hub and click first on the path, which must not leak into other tests.
 test: test-venv deps images
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not trainers"
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) $(DIST) -m "not trainers"
 	PYTHONPATH=$(TRAINERS_DIR) $(BIN)/python -m pytest -q -n $(TRAINER_TEST_WORKERS) \
-		--dist loadfile -m trainers
+		$(DIST) -m trainers
 
 # The demo installs only what it uses, the package and the broker's jars: no sandboxes, no
 # Docker engine, no harnesses.

@@ -11,10 +11,13 @@ Sampling goes through rollstream.inference.routing.Router. A failed call (timeou
 5xx) is retried with backoff within RETRY_DELAYS_S, on another server when its own is down;
 past the budget the episode ends as INFRA_ERROR, never as a reward. A server inside a weight
 update (paused, or answering without a version) is waited for instead, for up to
-UPDATE_WINDOW_S, without spending that budget. A completion whose text is not the
-detokenization of its ids ends the episode as INFRA_ERROR too; one the server finds too long as
-TRUNCATED. A request the server refuses for another reason (InferenceError) is a bug, not the
-episode's doing: it is raised to the caller.
+UPDATE_WINDOW_S, without spending that budget. Past the budget, a turn whose last try found no
+server usable at all (every one down or ejected: the only one restarting after a crash) waits
+for one to come back, for up to OUTAGE_WINDOW_S: ending every in-flight episode as an infra
+failure would throw their turns away for a restart that takes seconds. A completion whose
+text is not the detokenization of its ids ends the episode as INFRA_ERROR too; one the server
+finds too long as TRUNCATED. A request the server refuses for another reason (InferenceError)
+is a bug, not the episode's doing: it is raised to the caller.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from rollstream.inference.client import (
     TextMismatch,
 )
 from rollstream.inference.detokenize import served_text
-from rollstream.inference.routing import Router
+from rollstream.inference.routing import NoServer, Router
 from rollstream.runtime import EventContext
 
 log = logging.getLogger("rollstream.turns")
@@ -49,6 +52,9 @@ RETRY_DELAYS_S = (0.5, 1.0, 2.0, 4.0)  # the retry budget for a failing inferenc
 # version) before that, too, counts as an infra failure; polled every UPDATE_POLL_S.
 UPDATE_WINDOW_S = 900.0
 UPDATE_POLL_S = 0.5
+# How long a turn past its retry budget waits for some server to be usable again when none is
+# (health checks bring an ejected server back), polled every UPDATE_POLL_S.
+OUTAGE_WINDOW_S = 120.0
 
 # (ids, new_sample) for the episode's current sample: the template's next prompt.
 Prompt = Callable[[list[int]], tuple[list[int], bool]]
@@ -196,6 +202,7 @@ class Turns:
         last: Exception | None = None
         delays = iter(RETRY_DELAYS_S)
         window_ends = time.monotonic() + UPDATE_WINDOW_S
+        outage_ends: float | None = None  # once the budget is spent with no server usable
         while True:
             try:
                 return await self.router.complete(episode_id, prompt_ids, sampling,
@@ -209,11 +216,19 @@ class Turns:
             except ServerError as exc:
                 last = exc
                 delay = next(delays, None)
-                if delay is None:
+                if delay is not None:
+                    metrics.inference_retry(exc.server)
+                elif isinstance(exc, NoServer):  # an outage of every server: wait for one
+                    outage_ends = outage_ends or time.monotonic() + OUTAGE_WINDOW_S
+                    if time.monotonic() >= outage_ends:
+                        break
+                    delay = UPDATE_POLL_S
+                else:
                     break
-                metrics.inference_retry(exc.server)
                 await asyncio.sleep(delay)
-        raise InferenceUnavailable(f"inference failed {len(RETRY_DELAYS_S) + 1} times: {last}")
+        waited = "" if outage_ends is None else f", then none was usable for {OUTAGE_WINDOW_S} s"
+        raise InferenceUnavailable(
+            f"inference failed {len(RETRY_DELAYS_S) + 1} times{waited}: {last}")
 
 
 def turn_record(index: int, sampled: Sampled, step: StepResult, env_ms: float) -> dict:

@@ -8,6 +8,7 @@ controller chooses it once and every worker uses that one.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import tempfile
@@ -33,6 +34,7 @@ BOOTSTRAP_ENV = "KAFKA_BOOTSTRAP_SERVERS"
 SHARED_BOOTSTRAP_ENV = "ROLLSTREAM_TEST_SHARED_BOOTSTRAP"  # the xdist controller's broker
 # The same Kafka as the bundled broker (rollstream/broker/pom.xml).
 KAFKA_IMAGE = "apache/kafka:4.1.2"
+DURATIONS = Path(__file__).with_name("durations.json")
 
 
 def _kafka_image_here() -> bool:
@@ -126,6 +128,16 @@ def pytest_configure(config: pytest.Config) -> None:
     shared_vllm = tempfile.mkdtemp(prefix="rollstream-vllm-")
     os.environ[vllm_server.SHARED_DIR_ENV] = shared_vllm
     stack.callback(vllm_server.stop_shared, Path(shared_vllm))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The heaviest test files first. Workers take whole files (`--dist loadfile`) in this
+    order (`--no-loadscope-reorder`), so a long file starts at once instead of running alone at
+    the end. The weights (durations.json) are each file's seconds in one measured run; a file
+    not there goes after them, in the order collected. Refresh them from a run's
+    `--durations=0` when a file's share changes a lot."""
+    weights = json.loads(DURATIONS.read_text())
+    items.sort(key=lambda item: -weights.get(item.nodeid.split("::", 1)[0], 0))
 
 
 @pytest.fixture(scope="session")

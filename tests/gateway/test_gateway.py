@@ -247,6 +247,7 @@ def test_bad_requests_are_refused_with_a_reason(policy_url: str) -> None:
 def test_inference_down_past_the_retry_budget_is_infra(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(rollstream.turns, "RETRY_DELAYS_S", (0.01, 0.01))
+    monkeypatch.setattr(rollstream.turns, "OUTAGE_WINDOW_S", 0.5)  # no server ever comes up
 
     async def run(h: Harness) -> None:
         status, body = await h.post({"messages": [{"role": "user", "content": TASK_TEXT}]})

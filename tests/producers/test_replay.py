@@ -8,11 +8,18 @@ import time
 from collections.abc import Callable
 
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    KafkaError,
+    KafkaException,
+    Message,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient, ConfigResource
 
 from producers.publish import validate_task
 from producers.replay import replay
+from rollstream import kafka
 from rollstream.cli import main
 from rollstream.codec import codec, pack_ids, pack_logprobs
 from rollstream.config import Settings
@@ -61,15 +68,34 @@ def _send(settings: Settings, topic: str, events: list[tuple[str, bytes]], *,
     p = producer(settings, process_id(settings, "test-writer"))
     p.init_transactions(30)
     p.begin_transaction()
+    last: dict[int, TopicPartition] = {}  # each partition's last record written
+
+    def written(err: KafkaError | None, msg: Message) -> None:
+        assert err is None, err
+        last[msg.partition()] = TopicPartition(topic, msg.partition(), msg.offset())
+
     for i, (key, value) in enumerate(events):
         extra = {"partition": partition} if partition is not None else {}
         if timestamps:
             extra["timestamp"] = timestamps[i]
-        p.produce(topic, value, key=key, **extra)
+        p.produce(topic, value, key=key, on_delivery=written, **extra)
+    p.flush(30)
+    sent = list(last.values())
     if commit:
         p.commit_transaction(30)
     else:
         p.abort_transaction(30)
+    # The commit returns before its markers are on the partitions (on a busy broker, a while
+    # before): until then a committed reader, replay's lookups by time among them, sees nothing.
+    reader = kafka.reader(settings, [])
+    try:
+        for tp in sent:
+            deadline = time.monotonic() + 30
+            while kafka.watermarks(reader, tp)[1] <= tp.offset:
+                assert time.monotonic() < deadline, f"{tp} not stable after 30 s"
+                time.sleep(0.1)
+    finally:
+        reader.close()
 
 
 @pytest.fixture

@@ -100,6 +100,27 @@ def test_killing_a_server_mid_run_loses_no_episode() -> None:
         assert [turn["index"] for turn in t["turns"]] == list(range(len(t["turns"])))
 
 
+def test_the_only_server_restarting_mid_run_costs_no_episode(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every server down at once (the only one SIGKILLed and started again): the episodes in
+    flight wait for it past their retry budget instead of ending as infra failures."""
+    monkeypatch.setattr("rollstream.turns.RETRY_DELAYS_S", (0.05, 0.1))
+    with Fleet([gpu_like()]) as fleet:
+        port = int(fleet.urls[0].rsplit(":", 1)[1])
+        downtime_s = 3.0  # far past the retry budget's 0.15 s
+
+        async def restart(stage: RunStage, finished: int) -> None:
+            if finished == 20:
+                await asyncio.to_thread(fleet.kill, 0)
+                await asyncio.sleep(downtime_s)
+                await asyncio.to_thread(fleet.call, fleet.servers[0].start(port=port))
+
+        trajectories, stage = asyncio.run(
+            play(run_settings(fleet.urls), guess_episodes(100), after_each=restart))
+    assert {t["termination"] for t in trajectories} <= {"DONE", "MAX_TURNS"}
+    assert len(trajectories) == 100
+
+
 def test_turn_ids_are_exactly_what_the_servers_returned_plus_observation_deltas() -> None:
     template = EmbeddedChatTemplate()
     with Fleet([gpu_like() for _ in range(3)]) as fleet:
@@ -195,6 +216,7 @@ def test_version_stamps_come_from_the_server_or_the_lora_adapter_named() -> None
 def test_failing_server_ends_the_episode_as_infra_never_reward_zero(
         fault: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("rollstream.turns.RETRY_DELAYS_S", (0.05, 0.1, 0.2))
+    monkeypatch.setattr("rollstream.turns.OUTAGE_WINDOW_S", 0.5)  # the server stays down
     with Fleet([SimulatedServer()]) as fleet:
 
         async def main() -> list[dict]:
