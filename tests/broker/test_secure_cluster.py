@@ -74,14 +74,15 @@ def test_pipeline_runs_as_a_least_privilege_principal(secured: tuple[str, Materi
         ok("publish", str(tasks_file(tmp_path / "tasks.jsonl")))
         settings = config.load(None, kafka_config=str(props), prefix=prefix, partitions=2)
         expected = {f"s{i}#{j}" for i in range(TASKS) for j in range(GROUP)}
+        # Waited for in this process, as the principal (a command per look cost a process
+        # start each); then read with the command.
+        scored_topic = [TopicPartition(settings.topics.scored, p, 0) for p in range(2)]
         deadline = time.monotonic() + 240
-        while True:
+        while ({m.key().decode() for m in read_partitions(settings, scored_topic)} < expected
+               and time.monotonic() < deadline):
             procs.check_alive()
-            scored = json_lines(ok("replay", "--topic", "scored").stdout)
-            keys = [s["key"] for s in scored]
-            if set(keys) >= expected or time.monotonic() > deadline:
-                break
-            time.sleep(2)
+            time.sleep(1)
+        keys = [s["key"] for s in json_lines(ok("replay", "--topic", "scored").stdout)]
         assert sorted(keys) == sorted(expected)  # every episode scored once
         status = json.loads(ok("status", "--json", "--interval", "0.5").stdout)
         assert {s["stage"] for s in status["stages"]} >= {"init", "run", "eval"}
