@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from rollstream import health
+from rollstream import topics as kafka_topics
 from rollstream.codec import DecodeError, codec, unpack_ids
 from rollstream.config import Settings
 from rollstream.events import DEAD_LETTER, POLICY_VERSION, SCORED_TRAJECTORY, TRAJECTORY
@@ -177,6 +178,31 @@ async def drop_expired(table: Any) -> None:
     now = time.time()
     for key in [k for k in table.data if table.window.stale(k[1][1], now)]:
         del table.data[key]
+
+
+def declare_changelogs(app: Any, settings: Settings) -> None:
+    """Create the tables' changelog topics as faust would (its names, partitions and cleanup
+    settings) and wait until every broker knows them. Faust compares a changelog's partition
+    count with its source topic's right after creating it itself: on a busy broker it read 0
+    there, and the agent that counts crashed and never caught up."""
+    from confluent_kafka.admin import NewTopic
+    from mode.utils.times import want_seconds
+
+    new = []
+    for table in app.tables.values():
+        topic = table.changelog_topic
+        config = {key: str(value) for key, value in (topic.config or {}).items()}
+        policy = [flag for flag, on in (("compact", topic.compacting),
+                                        ("delete", topic.deleting)) if on]
+        if policy:
+            config["cleanup.policy"] = ",".join(policy)
+        if topic.retention:
+            config["retention.ms"] = str(int(want_seconds(topic.retention) * 1000))
+        new.append(NewTopic(topic.get_topic_name(),
+                            num_partitions=topic.partitions or app.conf.topic_partitions,
+                            replication_factor=topic.replicas or app.conf.topic_replication_factor,
+                            config=config))
+    kafka_topics.create(settings.kafka(), new)
 
 
 def build_app(settings: Settings, web_port: int, datadir: Path, partitions: int,

@@ -58,11 +58,9 @@ def create_topics(
     Returns the names created. Raises RuntimeError if episodes and episode-state end up with
     different partition counts (RUN reads them co-partitioned).
     """
-    from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.admin import NewTopic
 
     topics = Topics(prefix)
-    admin = _admin(kafka)
     new = [
         NewTopic(
             spec.name(topics),
@@ -73,6 +71,18 @@ def create_topics(
         )
         for spec in specs
     ]
+    created, meta = create(kafka, new, timeout)
+    _check_copartitioned(meta, topics)
+    return created
+
+
+def create(kafka: KafkaConf, new: list[Any], timeout: float = 60
+           ) -> tuple[list[str], dict[str, Any]]:
+    """Create the topics `new` (NewTopic), leaving those that exist as they are, and wait until
+    every broker knows them all. Returns the names created and the topics' metadata."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    admin = _admin(kafka)
     futures = admin.create_topics(new, operation_timeout=timeout, request_timeout=timeout)
     created: list[str] = []
     for name, future in futures.items():
@@ -87,9 +97,7 @@ def create_topics(
                 raise
         else:
             created.append(name)
-    meta = _wait_visible(kafka, admin, [spec.name(topics) for spec in specs], timeout)
-    _check_copartitioned(meta, topics)
-    return sorted(created)
+    return sorted(created), _wait_visible(kafka, admin, [t.topic for t in new], timeout)
 
 
 def _wait_visible(kafka: KafkaConf, admin: Any, names: list[str], timeout: float

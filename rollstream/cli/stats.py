@@ -33,7 +33,7 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from confluent_kafka.admin import AdminClient
 
-    from rollstream.analytics import build_app
+    from rollstream.analytics import build_app, declare_changelogs
     from rollstream.security import UnsupportedSecurity, faust_credentials
 
     try:
@@ -58,5 +58,6 @@ def run(args: argparse.Namespace) -> int:
     datadir = args.datadir / settings.prefix
     datadir.mkdir(parents=True, exist_ok=True)
     app = build_app(settings, args.web_port, datadir, len(meta.partitions), args.web_host)
+    declare_changelogs(app, settings)
     faust.Worker(app, loglevel="INFO").execute_from_commandline()
     return 0
