@@ -341,6 +341,9 @@ class Checkpoint:
             err: KafkaError = exc.args[0]
             if err.code() in _REFUSED:
                 raise RecordRefused(f"{topic}: {err.str()}") from exc
+            # Refused at once when the client's metadata already says so: name the topic, as
+            # a refusal its delivery report brings does.
+            raise_if_denied(err, self.settings.bootstrap_servers, f"topic {topic}")
             finish(self._failed(err, "produce"))
 
     # -- committing --------------------------------------------------------------------------
