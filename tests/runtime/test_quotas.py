@@ -188,7 +188,7 @@ def test_a_job_with_servers_of_its_own_keeps_its_episode_quota(settings: Setting
     most = [0]
 
     async def main() -> None:
-        own = SimulatedServer(step_s=lambda running: 0.01)
+        own = SimulatedServer(step_s=lambda running: 0.05)  # episodes long enough to overlap
         job = make_jobs("own", policy_urls=[await own.start()], quota_episodes=2)
         publish(jobs.job_settings(settings, job), guesses("own", per_job, turns=4))
         trajectories = jobs.job_settings(settings, job).topics.trajectories
