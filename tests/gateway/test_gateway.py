@@ -24,7 +24,7 @@ from rollstream.dev.background import BackgroundServer
 from rollstream.dev.processes import free_port
 from rollstream.dev.scripted import Script, create_app
 from rollstream.envs.swe.tool_calls import ToolCall, hermes
-from rollstream.gateway.server import Gateway, GatewayEpisode
+from rollstream.gateway.server import EXEC_PATH, Gateway, GatewayEpisode
 from rollstream.inference.chat import EmbeddedChatTemplate
 from rollstream.inference.tokenizer import END, ByteTokenizer
 from rollstream.runtime import EventContext, Output
@@ -226,6 +226,26 @@ def test_the_token_budget_truncates_the_episode(policy_url: str) -> None:
         assert "token budget of 200" in h.episode.trajectory["termination_detail"]
 
     asyncio.run(with_harness(policy_url, run, max_total_tokens=200))
+
+
+def test_one_jobs_episode_key_is_refused_by_another_jobs_gateway(policy_url: str) -> None:
+    """A fleet's RUN process makes each job a RunStage of its own (rollstream/fleet.py), so
+    each job a gateway of its own: a harness holding one job's episode key is refused by the
+    other job's gateway, for its calls to the model and to the sandbox alike."""
+    async def alpha_then_beta(alpha: Harness) -> None:
+        async def beta_refuses_alpha(beta: Harness) -> None:
+            assert beta.gateway.base_url != alpha.gateway.base_url
+            assert beta.episode.key != alpha.episode.key
+            for path, body in (("/v1/chat/completions", {"messages": [
+                    {"role": "user", "content": TASK_TEXT}]}),
+                               (EXEC_PATH, {"command": "ls"})):
+                status, answer = await beta.post(body, key=alpha.episode.key, path=path)
+                assert (status, answer["error"]["code"]) == (401, "invalid_api_key"), path
+            await beta.chat([{"role": "user", "content": TASK_TEXT}])  # its own key works
+        await with_harness(policy_url, beta_refuses_alpha)
+        assert alpha.episode.trajectory["turns"] == []  # nothing landed in alpha's episode
+
+    asyncio.run(with_harness(policy_url, alpha_then_beta))
 
 
 def test_bad_requests_are_refused_with_a_reason(policy_url: str) -> None:
