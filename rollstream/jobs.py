@@ -112,9 +112,11 @@ def validate(job: Job, cluster_prefix: str) -> Job:
 
 def job_settings(base: Settings, job: Job) -> Settings:
     """The settings a fleet runs the job's stages with: the fleet's, under the job's prefix,
-    with the job's admission window and policy (its adapter, or its own servers)."""
+    with the job's admission window and policy (its adapter, or its own servers). Each job's
+    RUN stage has a harness gateway of its own, on a free port: a fixed one would be taken by
+    the first job, and a job's episode keys are good at its own gateway only."""
     return replace(base, prefix=job["prefix"], admission_window=job["admission_window"],
-                   adapter=job["adapter"],
+                   adapter=job["adapter"], gateway_port=0,
                    policy_url=",".join(job["policy_urls"]) or base.policy_url,
                    policy_url_file="" if job["policy_urls"] else base.policy_url_file)
 

@@ -25,6 +25,9 @@ def test_a_new_job_takes_the_schema_defaults_and_the_cluster_prefix() -> None:
     own = jobs.job_settings(Settings(prefix="rs"), jobs.new_job(
         "b", "rs", policy_urls=["http://10.0.0.1:8000", "http://10.0.0.2:8000"]))
     assert own.policy_urls() == ["http://10.0.0.1:8000", "http://10.0.0.2:8000"]
+    # A fleet's fixed gateway port is no job's: each job's RUN stage listens on a free one.
+    fixed = jobs.job_settings(Settings(prefix="rs", gateway_port=8123), job)
+    assert fixed.gateway_port == 0
 
 
 @pytest.mark.parametrize(("fields", "message"), [
