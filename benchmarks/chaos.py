@@ -408,7 +408,8 @@ def time_recoveries(run: Run, ceiling: float | None) -> None:
     """Each fault's time back to full throughput (see recovery_s), or why there is none, and
     the infra-classed episodes scored until the next fault."""
     times = run.good_times()
-    ends = [f.at for f in run.faults[1:]] + [float("inf")]
+    # Each fault's infra counted until the next one; a run without faults has none to time.
+    ends = [f.at for f in run.faults[1:]] + [float("inf")] if run.faults else []
     for fault, end in zip(run.faults, ends, strict=True):
         fault.infra = sum(1 for t, _, cls in run.scored if cls == "infra" and fault.at <= t < end)
         fault.recovery_s = recovery_s(times, fault.at, run.finished, ceiling)
