@@ -20,7 +20,7 @@ within 30 s of every partition-leader kill; the process kills' times are reporte
 The same workload runs first without faults (ROLLSTREAM_CHAOS_BASELINE=0 skips it): each
 job's steady rate there caps the rate a recovery is measured against, as in benchmarks.chaos (a
 catch-up burst after a fault is not a rate to recover to). Each job's scored count per 5 s is
-kept in the result. `python -m benchmarks chaos_jobs`: 3,000 episodes per job, one round of
+kept in the result. `python -m benchmarks chaos_jobs`: 6,000 episodes per job, one round of
 FAULT_ORDER, 8 faults (ROLLSTREAM_CHAOS_JOBS_EPISODES; ROLLSTREAM_CHAOS_JOBS_KINDS, kinds
 in turn; ROLLSTREAM_CHAOS_JOBS_KILLS, how many faults; `--quick`: 400 episodes and 1
 partition-leader kill, no run without faults). tests/e2e/test_chaos.py runs a short version:
@@ -153,7 +153,7 @@ def measure(bootstrap: str, workdir: Path, episodes: int, kinds: list[str], faul
 
 def run(quick: bool = False, timeout_s: float = 1800) -> dict[str, Any]:
     env = os.environ.get
-    episodes = int(env("ROLLSTREAM_CHAOS_JOBS_EPISODES", 400 if quick else 3000))
+    episodes = int(env("ROLLSTREAM_CHAOS_JOBS_EPISODES", 400 if quick else 6000))
     kinds = parse_kinds(env("ROLLSTREAM_CHAOS_JOBS_KINDS",
                             "partition-leader" if quick else ",".join(FAULT_ORDER)),
                         PROCESS_KINDS + BROKER_KINDS)
