@@ -242,12 +242,10 @@ class StageRuntime:
             emitted, self._emitted = self._emitted, None
         for msg, out, value in emitted:
             try:
-                self.checkpoint.produce(out.topic, value, out.key, out.partition)
+                self._produce(out, value)
             except RecordRefused as exc:
                 # As if its emit had raised: the event ends as a dead letter.
                 self._drop_event(msg, exc)
-                continue
-            self.metrics.produced(out.topic)
 
     def _report(self) -> None:
         now = time.monotonic()
@@ -462,20 +460,21 @@ class StageRuntime:
         self.metrics.finished(msg.timestamp()[1])
 
     def _produce_all(self, msg: Message, records: list[tuple[Output, bytes | None]]) -> None:
-        produce = self.checkpoint.produce
         self.loop.poison.produced_for(msg, [out for out, _ in records])
         for out, value in records:
             try:
-                produce(out.topic, value, out.key, out.partition)
+                self._produce(out, value)
             except RecordRefused as exc:
                 self._send_dead_letter(msg, self._reason(exc))
                 return
-            self.metrics.produced(out.topic)
 
-    def _emit(self, out: Output) -> None:
-        value = self.encoder.encode(out)
+    def _produce(self, out: Output, value: bytes | None) -> None:
+        """Into the open transaction; raises RecordRefused for a record the client refuses."""
         self.checkpoint.produce(out.topic, value, out.key, out.partition)
         self.metrics.produced(out.topic)
+
+    def _emit(self, out: Output) -> None:
+        self._produce(out, self.encoder.encode(out))
 
     def _emit_during(self, msg: Message, out: Output) -> None:
         """An async event's emit: kept for the next transaction while the checkpoint waits on
