@@ -226,7 +226,8 @@ class Turns:
                 else:
                     break
                 await asyncio.sleep(delay)
-        waited = "" if outage_ends is None else f", then none was usable for {OUTAGE_WINDOW_S} s"
+        waited = ("" if outage_ends is None
+                  else f", then none was usable for {OUTAGE_WINDOW_S:.0f} s")
         raise InferenceUnavailable(
             f"inference failed {len(RETRY_DELAYS_S) + 1} times{waited}: {last}")
 
