@@ -19,14 +19,15 @@ expiring (with its changelog's retention) a minute after its window: memory stay
 topics x partitions x live windows, whatever the stream's length. A report is the newest
 10 s window and the oldest 1 min window that holds it (the stream's time, not the clock's).
 
-Exact after a crash: faust (0.15) sends a table's changelog records with its plain producer,
-outside the transaction that commits its input offsets, so a SIGKILL between the two leaves
-the changelog holding updates for events past the committed offsets; the restarted worker
-recovers them and then reads those events again (at least once), and running totals would
-count them twice (a manual run once showed 43 for 40). So every table is keyed by source
-partition (`<topic>|<partition>`) and each value holds, in the one changelog record, the sums
-and the offset of the last event they include: an event read again finds its offset already
-counted and changes nothing.
+Exact after a crash: faust (0.15) writes a table's changelog records and the input offsets in
+one transaction, but the records of events read after the offsets were taken can ride along,
+so a SIGKILL leaves the changelog holding updates for events past the committed offsets; the
+restarted worker recovers them and then reads those events again (at least once), and running
+totals would count them twice (a manual run once showed 43 for 40). So every table is keyed by
+source partition (`<topic>|<partition>`) and each value holds, in the one changelog record, the
+sums and the offset of the last event they include: an event read again finds its offset
+already counted and changes nothing. The opposite, offsets past the changelog, and a restart
+that skipped recovery, were faust's own; rollstream/faust_transport.py fixes both.
 """
 
 from __future__ import annotations
@@ -209,11 +210,12 @@ def build_app(settings: Settings, web_port: int, datadir: Path, partitions: int,
               web_host: str = "127.0.0.1") -> Any:
     import faust
 
+    from rollstream.faust_transport import broker_urls
     from rollstream.security import faust_credentials
 
     app = faust.App(
         settings.topics.group(STATS),  # the app id is its consumer group
-        broker=[f"kafka://{b}" for b in settings.bootstrap_servers.split(",")],
+        broker=broker_urls(settings.bootstrap_servers),
         broker_credentials=faust_credentials(settings.kafka_properties),
         store="memory://",
         datadir=str(datadir),
