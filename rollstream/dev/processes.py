@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -10,11 +11,29 @@ import sys
 import time
 from pathlib import Path
 
+# Where free_port looks: below the kernel's ephemeral range, from which every client connection
+# takes its local port. A port the kernel hands out (bind to 0) can be taken by a client (a Kafka
+# connection) between this call and the server's bind: a stage's metrics port once was.
+PORTS_FROM = 10000
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port on 127.0.0.1 that no socket holds now and that no client connection will take."""
+    try:
+        below = int(EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        below = 0
+    candidates = ([random.randrange(PORTS_FROM, below) for _ in range(100)]
+                  if below > PORTS_FROM else [])
+    for port in [*candidates, 0]:  # 0, the kernel's choice: no range known, or all taken
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return s.getsockname()[1]
+    raise OSError("no free port on 127.0.0.1")
 
 
 class ProcessGroup:
