@@ -21,6 +21,7 @@ import fcntl
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -38,6 +39,7 @@ from rollstream.wire import MAX_MESSAGE_BYTES
 
 HOME_ENV = "ROLLSTREAM_HOME"
 HEAP_ENV = "ROLLSTREAM_BROKER_HEAP"
+JAVA_OPTS_ENV = "ROLLSTREAM_BROKER_JAVA_OPTS"  # more JVM options, after ours (the last wins)
 BOOTSTRAP_ENV = "KAFKA_BOOTSTRAP_SERVERS"
 POM = Path(__file__).with_name("pom.xml")
 HOST = "127.0.0.1"  # loopback only: a dev broker with no auth must not be reachable from outside
@@ -459,6 +461,7 @@ def launch(config: Path, workdir: Path, log: Path, pid_file: Path) -> int:
         "-XX:+ExitOnOutOfMemoryError", "-Djava.awt.headless=true",
         f"-Dlog4j2.configurationFile={workdir / 'log4j2.properties'}",
         f"-Dkafka.logs.dir={workdir / 'logs'}",
+        *shlex.split(os.environ.get(JAVA_OPTS_ENV, "")),
         "-cp", _classpath(), "kafka.Kafka", str(config),
     ]  # fmt: skip
     with open(log, "ab") as out:
