@@ -76,11 +76,11 @@ FAULT_ORDER = ("partition-leader", "init", "partition-leader", "run", "partition
 def one_run(bootstrap: str, workdir: Path, episodes: int, kinds: list[str], faults: int,
             interval: float, timeout_s: float, replication_factor: int,
             ceilings: dict[str, float | None], settle_max_s: float = SETTLE_MAX_S,
-            grace_s: float = 5.0) -> dict[str, Any]:
+            grace_s: float = 5.0, turns_per_s: float | None = None) -> dict[str, Any]:
     """Both jobs' episodes through one fleet (under a cluster prefix of their own) on the
     cluster at `bootstrap`, with `faults` faults of `kinds` in turn (benchmarks.chaos.Chaos);
     each job's recovery is measured against a rate of at most its `ceilings` (the rate without
-    faults)."""
+    faults); each job paced at `turns_per_s` when given (its quota)."""
     workdir.mkdir(parents=True, exist_ok=True)
     base = load(bootstrap_servers=bootstrap, prefix=f"cj{uuid.uuid4().hex[:6]}",
                 partitions=PARTITIONS)
@@ -88,6 +88,7 @@ def one_run(bootstrap: str, workdir: Path, episodes: int, kinds: list[str], faul
     for job in JOBS:
         assert main(["jobs", "create", job, "--partitions", str(PARTITIONS),
                      "--replication-factor", str(replication_factor),
+                     *(["--quota-turns-per-s", str(turns_per_s)] if turns_per_s else []),
                      *base.client_flags()]) == 0
         settings[job] = jobs.job_settings(base, jobs.get(base, job))
     policy, url = policy_command(workdir / "script.jsonl")
@@ -132,22 +133,24 @@ def one_run(bootstrap: str, workdir: Path, episodes: int, kinds: list[str], faul
 
 def measure(bootstrap: str, workdir: Path, episodes: int, kinds: list[str], faults: int,
             interval: float, timeout_s: float, baseline: bool, replication_factor: int = 3,
-            settle_max_s: float = SETTLE_MAX_S, grace_s: float = 5.0) -> dict[str, Any]:
+            settle_max_s: float = SETTLE_MAX_S, grace_s: float = 5.0,
+            turns_per_s: float | None = None) -> dict[str, Any]:
     """On the 3-node cluster at `bootstrap` (benchmarks.chaos.three_node_cluster): without
     faults (when `baseline`: each job's steady rate is then the most its recovery is measured
-    against, as in benchmarks.chaos), then with `faults` faults of `kinds` in turn."""
+    against, as in benchmarks.chaos), then with `faults` faults of `kinds` in turn; each job
+    paced at `turns_per_s` (a quota) when given."""
     result: dict[str, Any] = {"episodes_per_job": episodes, "partitions": PARTITIONS,
                               "replication_factor": replication_factor,
                               "fault_interval_s": interval, "fault_kinds": kinds}
     ceilings: dict[str, float | None] = dict.fromkeys(JOBS)
     if baseline:
         calm = one_run(bootstrap, workdir / "calm", episodes, [], 0, interval, timeout_s,
-                       replication_factor, ceilings, grace_s=grace_s)
+                       replication_factor, ceilings, grace_s=grace_s, turns_per_s=turns_per_s)
         result["without_faults"] = calm
         ceilings = {job: r["steady_episodes_per_s"] for job, r in calm["jobs"].items()}
     result["with_faults"] = one_run(bootstrap, workdir / "faults", episodes, kinds, faults,
                                     interval, timeout_s, replication_factor, ceilings,
-                                    settle_max_s, grace_s)
+                                    settle_max_s, grace_s, turns_per_s)
     return result
 
 
