@@ -2,42 +2,54 @@
 
 from __future__ import annotations
 
-import statistics
+import os
+import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 from confluent_kafka import TopicPartition
 
-from producers.publish import publish
 from rollstream import kafka
 from rollstream.codec import codec
 from rollstream.config import Settings
-from rollstream.dev.loop import ClosedLoop, LoopConfig
+from rollstream.dev.loop import LoopConfig
 from rollstream.dev.processes import ProcessGroup
 from tests.helpers.scored_factory import scored, turn
 
 
 @pytest.mark.slow
-def test_the_demo_loop_learns(settings: Settings, tmp_path: Path) -> None:
-    loop = ClosedLoop(settings, tmp_path, LoopConfig(seed=3))
-    loop.start()
-    try:
-        tasks = loop.tasks()
-        publish(settings, tasks)
-        for progress in loop.follow(deadline=time.time() + 240):
-            if len(progress.scored) >= len(tasks) * 8:
-                break
-    finally:
-        loop.stop()
-    rewards = [s["reward"] for s in progress.scored]
-    fifth = len(rewards) // 5
-    first, last = statistics.fmean(rewards[:fifth]), statistics.fmean(rewards[-fifth:])
+def test_the_demo_learns_summarizes_and_plots(settings: Settings, tmp_path: Path) -> None:
+    """`rollstream demo` as a user runs it, on the default workload (one run serves both what the
+    loop learns and what the command prints: the loop is the suite's most expensive workload)."""
+    result = subprocess.run(
+        [sys.executable, "-m", "rollstream.cli", "demo", "--seed", "3", "--timeout", "240",
+         "--bootstrap-servers", settings.bootstrap_servers, "--prefix", settings.prefix,
+         "--keep-topics", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "200"})
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    out = result.stdout
+    expected = LoopConfig.tasks * LoopConfig.group_size
+    assert f"{expected}/{expected}" in out  # every episode scored
+    for heading in ("mean reward by the policy version", "policy versions trained",
+                    "per-stage latency"):
+        assert heading in out
+    # The embedded template is append-only: one training sample per episode.
+    assert f"1.00 ({expected} in all)" in out
+    assert (tmp_path / "demo.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    fifths = re.search(r"first / last fifth of episodes\W+([\d.]+) → ([\d.]+)", out)
+    assert fifths is not None, out[-3000:]
+    first, last = float(fifths[1]), float(fifths[2])
     assert first <= 0.3 and last >= 0.7, (first, last)
-    versions = [v["version"] for v in progress.versions]
+    versions = [v["version"] for v in committed_versions(settings)]
     assert versions == list(range(1, len(versions) + 1)) and len(versions) >= 10
     # Later samples were sampled by later policies: the servers did reload.
-    assert progress.scored[-1]["trajectory"]["turns"][0]["policy_version"] >= 10
+    scored = kafka.read_partitions(settings, kafka.whole_topic(settings, settings.topics.scored))
+    newest = max(scored, key=lambda m: m.timestamp()[1])
+    newest_turns = codec().decode_as("ScoredTrajectory", newest.value())["trajectory"]["turns"]
+    assert newest_turns[0]["policy_version"] >= 10
 
 
 def committed_versions(settings: Settings) -> list[dict]:
