@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 # Where free_port looks: below the kernel's ephemeral range, from which every client connection
@@ -36,6 +37,24 @@ def free_port() -> int:
     raise OSError("no free port on 127.0.0.1")
 
 
+# The embedded policy server's first start imports torch (about 8 s of CPU alone); beside a
+# fleet's processes starting on a busy two-core machine (load 12) it once took over 120 s.
+POLICY_START_S = 300.0
+
+
+@dataclass(frozen=True)
+class Server:
+    """A started HTTP server of a ProcessGroup, perhaps not answering yet."""
+
+    url: str
+    proc: subprocess.Popen
+
+    def ready(self, timeout: float = POLICY_START_S) -> str:
+        """Wait until its /health answers (or it exits: RuntimeError); its URL."""
+        wait_http(f"{self.url}/health", timeout=timeout, proc=self.proc)
+        return self.url
+
+
 class ProcessGroup:
     """`rollstream ...` subprocesses with their logs; stops every one it started."""
 
@@ -46,6 +65,13 @@ class ProcessGroup:
 
     def start(self, name: str, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
         return self.start_program(name, [sys.executable, "-m", "rollstream.cli", *args], env)
+
+    def start_policy(self, *args: str, name: str = "policy") -> Server:
+        """`rollstream serve-policy` (the embedded policy) on a free port, not waited for:
+        start what else needs starting, then `ready()`."""
+        port = free_port()
+        proc = self.start(name, "serve-policy", "--port", str(port), *args)
+        return Server(f"http://127.0.0.1:{port}", proc)
 
     def start_program(self, name: str, argv: list[str],
                       env: dict[str, str] | None = None) -> subprocess.Popen:

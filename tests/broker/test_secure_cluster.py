@@ -24,7 +24,7 @@ from producers.publish import validate_task
 from rollstream import config
 from rollstream.broker import cluster, local, secure
 from rollstream.broker.secure import Material
-from rollstream.dev.processes import ProcessGroup, free_port, wait_http
+from rollstream.dev.processes import ProcessGroup, free_port
 from rollstream.kafka import read_partitions
 from rollstream.kafka_errors import EX_CONFIG, EX_NOPERM
 from rollstream.security import faust_credentials
@@ -61,16 +61,16 @@ def test_pipeline_runs_as_a_least_privilege_principal(secured: tuple[str, Materi
 
     ok("topics", "create", "--partitions", "2")
     procs = ProcessGroup(tmp_path / "logs")
-    url = f"http://127.0.0.1:{free_port()}"
     try:
-        server = procs.start("policy", "serve-policy", "--port", url.rsplit(":", 1)[1])
+        policy = procs.start_policy()
+        url = policy.url
         for stage in ("init", "run", "eval"):
             procs.start(stage, "stage", stage, *kafka, "--commit-interval-ms", "100",
                         *(["--policy-url", url] if stage == "run" else []))
         procs.start("controller", "controller", *kafka, "--policy-url", url)
         procs.start("train", "train", *kafka, "--checkpoint-dir", str(tmp_path / "ckpt"),
                     "--groups-per-batch", "2", "--keep-zero-variance")
-        wait_http(f"{url}/health", proc=server, timeout=180)
+        policy.ready()
         ok("publish", str(tasks_file(tmp_path / "tasks.jsonl")))
         settings = config.load(None, kafka_config=str(props), prefix=prefix, partitions=2)
         expected = {f"s{i}#{j}" for i in range(TASKS) for j in range(GROUP)}

@@ -20,7 +20,7 @@ from producers.publish import publish, validate_task
 from rollstream import kafka
 from rollstream.broker.local import _java
 from rollstream.config import Settings
-from rollstream.dev.processes import ProcessGroup, free_port, wait_http
+from rollstream.dev.processes import ProcessGroup
 from rollstream.graph import STAGES, input_of
 from tests.helpers.helm_helpers import CHART, HELM, HELM_DIR
 
@@ -90,16 +90,14 @@ def rendered_triggers(settings: Settings) -> dict[str, dict]:
 def test_a_caught_up_pipeline_neither_activates_nor_scales_a_stage(
         settings: Settings, tmp_path: Path) -> None:
     procs = ProcessGroup(tmp_path)
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
     common = ["--bootstrap-servers", settings.bootstrap_servers, "--prefix", settings.prefix,
               "--commit-interval-ms", "100"]
     try:
-        server = procs.start("policy", "serve-policy", "--port", str(port))
+        policy = procs.start_policy()
         for stage in STAGES:
             procs.start(stage, "stage", stage, *common,
-                        *(["--policy-url", url] if stage == "run" else []))
-        wait_http(f"{url}/health", proc=server, timeout=120)
+                        *(["--policy-url", policy.url] if stage == "run" else []))
+        policy.ready()
         tasks = [validate_task({"task_id": f"k{i}", "env": "arithmetic", "prompt": f"{i}+1=",
                                 "data": {"answer": str(i + 1)}, "group_size": 2})
                  for i in range(12)]

@@ -19,7 +19,7 @@ from producers.publish import publish
 from rollstream import kafka
 from rollstream.broker import local
 from rollstream.config import Settings, load
-from rollstream.dev.processes import ProcessGroup, free_port, wait_http
+from rollstream.dev.processes import ProcessGroup
 from rollstream.topics import create_topics
 from tests.helpers.pipeline_helpers import GROUP, kill_broker, make_tasks
 
@@ -33,17 +33,16 @@ def test_stages_ride_out_a_broker_restart(own_broker: str, tmp_path: Path) -> No
     create_topics(own_broker, prefix, partitions=4)
     settings: Settings = load(bootstrap_servers=own_broker, prefix=prefix, partitions=4)
     procs = ProcessGroup(tmp_path / "logs")
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
     common = ["--bootstrap-servers", own_broker, "--prefix", prefix,
               "--commit-interval-ms", "100", "--drain-timeout", str(DRAIN_S)]
-    server = procs.start("policy", "serve-policy", "--port", str(port))
+    policy = procs.start_policy()
+    url = policy.url
     for name, stage in (("init", "init"), ("run", "run"), ("eval-a", "eval")):
         procs.start(name, "stage", stage, *common,
                     *(["--policy-url", url] if stage == "run" else []))
     procs.start("eval-b", "stage", "eval", *common, "--instance-id", "b")  # static member
     stages = ["init", "run", "eval-a", "eval-b"]
-    wait_http(f"{url}/health", proc=server, timeout=120)
+    policy.ready()
 
     tasks = make_tasks(TASKS)
     expected = {f"{t['task_id']}#{i}" for t in tasks for i in range(GROUP)}

@@ -25,7 +25,7 @@ from rollstream import kafka
 from rollstream.cli import main as cli
 from rollstream.codec import codec, pack_ids, pack_logprobs
 from rollstream.config import Settings, load
-from rollstream.dev.processes import ProcessGroup, free_port, wait_http
+from rollstream.dev.processes import ProcessGroup
 from rollstream.envs.registry import get_env
 from rollstream.topics import create_topics, delete_topics
 from tests.helpers.avro_reference import Reference
@@ -122,10 +122,10 @@ def run(bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ru
     procs = ProcessGroup(tmp / "logs")
     try:
         assert cli(["schemas", "export", str(tmp / "schemas")]) == 0
-        url = f"http://127.0.0.1:{free_port()}"
         common = ["--bootstrap-servers", bootstrap, "--prefix", prefix]
         # The server loads while every input is written; the stages start once it answers.
-        server = procs.start("policy", "serve-policy", "--port", url.rsplit(":", 1)[1])
+        policy = procs.start_policy()
+        url = policy.url
         ours = tasks()
         expected = {f"{t['task_id']}#{i}" for t in ours for i in range(GROUP)}
         publish(settings, ours)
@@ -147,7 +147,7 @@ def run(bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ru
             assert done.returncode == 0, done.stderr
             expected |= {f"java-{t}#{i}" for t in range(JAVA_TASKS) for i in range(GROUP)}
 
-        wait_http(f"{url}/health", proc=server, timeout=180)
+        policy.ready()
         for stage in ("init", "run", "eval"):
             procs.start(stage, "stage", stage, *common, "--commit-interval-ms", "100",
                         *(["--policy-url", url] if stage == "run" else []))

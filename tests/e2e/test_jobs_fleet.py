@@ -26,7 +26,7 @@ from rollstream import jobs, kafka
 from rollstream.cli import main
 from rollstream.codec import codec
 from rollstream.config import Settings
-from rollstream.dev.processes import ProcessGroup, free_port, wait_http
+from rollstream.dev.processes import ProcessGroup
 from rollstream.graph import STAGES
 from rollstream.policy_server.model import build_model, save
 from rollstream.topics import delete_topics
@@ -137,19 +137,18 @@ def test_two_jobs_share_one_fleet_exactly_once(settings: Settings, tmp_path: Pat
         return jobs.job_settings(settings, jobs.get(settings, name))
 
     procs = ProcessGroup(tmp_path / "logs")
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
     common = [*base, "--commit-interval-ms", "100"]
-    run = ["fleet", "run", *common, "--policy-url", url, "--instance-id", "run-1",
-           "--server-max-in-flight", str(SLOTS)]
     try:
-        server = procs.start("policy", "serve-policy", "--port", str(port))
+        policy = procs.start_policy()
+        url = policy.url
+        run = ["fleet", "run", *common, "--policy-url", url, "--instance-id", "run-1",
+               "--server-max-in-flight", str(SLOTS)]
         a = create("alpha", "--weight", "1", "--adapter", "alpha-lora")
         b = create("beta", "--weight", "2", "--adapter", "beta-lora")
         procs.start("init", "fleet", "init", *common)
         procs.start("eval", "fleet", "eval", *common)
         procs.start("run", *run)
-        wait_http(f"{url}/health", proc=server, timeout=120)
+        policy.ready()
         # Each job's policy: its own weights, as its adapter on the one shared server.
         for name, seed in (("alpha-lora-v1", 21), ("beta-lora-v2", 22)):
             save(build_model(seed=seed), tmp_path / f"{name}.safetensors", version=seed)

@@ -31,7 +31,7 @@ from rollstream.cli import main
 from rollstream.codec import codec
 from rollstream.config import Settings
 from rollstream.consume.records import Output
-from rollstream.dev.processes import ProcessGroup, free_port, wait_http
+from rollstream.dev.processes import ProcessGroup, free_port
 from rollstream.kafka_errors import EX_NOPERM, AccessDenied
 from rollstream.topics import delete_topics
 from tests.helpers.secure_helpers import cli, one_line_error, principal
@@ -124,17 +124,15 @@ def test_jobs_on_one_fleet_are_isolated(secured: tuple[str, Material], tmp_path:
 
     alpha, beta = as_job("alpha"), as_job("beta")
     procs = ProcessGroup(tmp_path / "logs")
-    url = f"http://127.0.0.1:{free_port()}"
     kafka_fleet = ["--kafka-config", str(fleet), "--prefix", cluster, "--commit-interval-ms",
                    "100"]
     try:
-        server = procs.start("policy", "serve-policy", "--port", url.rsplit(":", 1)[1])
+        policy = procs.start_policy()
+        url = policy.url
         procs.start("init", "fleet", "init", *kafka_fleet)
         procs.start("eval", "fleet", "eval", *kafka_fleet)
         procs.start("run", "fleet", "run", *kafka_fleet, "--policy-url", url)
-        # Its first start imports torch beside three fleet processes starting: on a busy
-        # machine (load 12 on 2 cores) that took over 120 s once.
-        wait_http(f"{url}/health", proc=server, timeout=300)
+        policy.ready()
         t0 = time.monotonic()
         # Each job publishes as its own principal.
         assert publish(alpha, tasks("alpha", 0)) == TASKS

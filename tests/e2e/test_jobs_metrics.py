@@ -23,7 +23,7 @@ from rollstream import jobs, kafka, usage
 from rollstream.cli import main
 from rollstream.codec import codec
 from rollstream.config import Settings
-from rollstream.dev.processes import ProcessGroup, free_port, wait_http
+from rollstream.dev.processes import ProcessGroup, free_port
 from rollstream.metrics import JOB_LABEL
 from rollstream.status import job_numbers
 from rollstream.topics import delete_topics
@@ -74,19 +74,18 @@ def test_each_jobs_series_count_that_jobs_work(settings: Settings, tmp_path: Pat
     base = ["--bootstrap-servers", settings.bootstrap_servers, "--prefix", settings.prefix]
     procs = ProcessGroup(tmp_path / "logs")
     ports = {stage: free_port() for stage in ("init", "run", "eval")}
-    policy_port = free_port()
-    url = f"http://127.0.0.1:{policy_port}"
     own: dict[str, Settings] = {}
     try:
         for name in TASKS:
             assert main(["jobs", "create", name, "--partitions", str(PARTITIONS), *base]) == 0
             own[name] = jobs.job_settings(settings, jobs.get(settings, name))
-        server = procs.start("policy", "serve-policy", "--port", str(policy_port))
+        policy = procs.start_policy()
+        url = policy.url
         for stage, port in ports.items():
             procs.start(stage, "fleet", stage, *base, "--commit-interval-ms", "100",
                         "--metrics-port", str(port),
                         *(["--policy-url", url] if stage == "run" else []))
-        wait_http(f"{url}/health", proc=server, timeout=120)
+        policy.ready()
         # Prometheus (where installed) scrapes the fleet from here on.
         with prometheus(tmp_path, ports) if PROMETHEUS else nullcontext() as prom:
             for name in TASKS:

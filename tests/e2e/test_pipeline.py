@@ -19,7 +19,7 @@ from producers.replay import replay
 from rollstream import kafka
 from rollstream.codec import codec
 from rollstream.config import Settings
-from rollstream.dev.processes import ProcessGroup, free_port, wait_http
+from rollstream.dev.processes import ProcessGroup
 from rollstream.envs.registry import get_env
 from tests.helpers.pipeline_helpers import GROUP, make_tasks
 from trainer_bridge.bridge import TrainerBridge
@@ -40,17 +40,15 @@ def scored_ids(settings: Settings) -> list[str]:
 @pytest.fixture
 def pipeline(settings: Settings, tmp_path: Path):
     procs = ProcessGroup(tmp_path / "logs")
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
     common = ["--bootstrap-servers", settings.bootstrap_servers, "--prefix", settings.prefix,
               "--commit-interval-ms", "100"]
-    run = [*common, "--policy-url", url]
-    server = procs.start("policy", "serve-policy", "--port", str(port))
+    policy = procs.start_policy()
+    run = [*common, "--policy-url", policy.url]
     procs.start("init", "stage", "init", *common)
     procs.start("eval", "stage", "eval", *common)
     procs.start("run-a", "stage", "run", *run)
     procs.start("run-b", "stage", "run", *run)
-    wait_http(f"{url}/health", proc=server, timeout=120)
+    policy.ready()
     yield procs, run
     procs.stop_all()
 

@@ -75,16 +75,16 @@ def start_pipeline(settings: Settings, procs: ProcessGroup, workdir: Path,
                    ports: dict[str, int]) -> str:
     """Policy server, INIT, RUN, EVAL and the trainer, each stage serving /metrics on its port
     in `ports`; publishes TASKS tasks. Returns the policy server's URL."""
-    url = f"http://127.0.0.1:{free_port()}"
     common = ["--bootstrap-servers", settings.bootstrap_servers, "--prefix", settings.prefix]
-    server = procs.start("policy", "serve-policy", "--port", url.rsplit(":", 1)[1])
+    policy = procs.start_policy()
+    url = policy.url
     for stage in ("init", "run", "eval"):
         procs.start(stage, "stage", stage, *common, "--commit-interval-ms", "100",
                     *(["--policy-url", url] if stage == "run" else []),
                     "--metrics-port", str(ports[stage]))
     procs.start("train", "train", *common, "--checkpoint-dir", str(workdir / "ckpt"),
                 "--groups-per-batch", "2", "--metrics-port", str(ports["train"]))
-    wait_http(f"{url}/health", proc=server, timeout=120)
+    policy.ready()
     publish(settings, [validate_task({
         "task_id": f"a{i}", "env": "arithmetic", "prompt": f"{i % 5}+2=",
         "data": {"answer": str(i % 5 + 2)}, "group_size": GROUP,

@@ -19,7 +19,7 @@ from producers.publish import validate_task
 from rollstream import kafka
 from rollstream.codec import codec, pack_ids, pack_logprobs
 from rollstream.config import Settings
-from rollstream.dev.processes import ProcessGroup, free_port, wait_http
+from rollstream.dev.processes import ProcessGroup
 from rollstream.events import SCORED_TRAJECTORY
 
 TRAINERS = Path(os.environ.get("ROLLSTREAM_TRAINERS_PATH") or
@@ -96,14 +96,13 @@ def pipeline(settings: Settings, log_dir: Path) -> Iterator[ProcessGroup]:
     job's topic come back scored. The embedded policy samples byte-level token ids (below 261),
     which every model here takes as ids, so the trainers see real sampled rollouts."""
     procs = ProcessGroup(log_dir)
-    url = f"http://127.0.0.1:{free_port()}"
     common = [*settings.client_flags(), "--commit-interval-ms", "100"]
     try:
-        server = procs.start("policy", "serve-policy", "--port", url.rsplit(":", 1)[1])
+        policy = procs.start_policy()
         procs.start("init", "stage", "init", *common)
-        procs.start("run", "stage", "run", *common, "--policy-url", url)
+        procs.start("run", "stage", "run", *common, "--policy-url", policy.url)
         procs.start("eval", "stage", "eval", *common)
-        wait_http(f"{url}/health", proc=server, timeout=120)
+        policy.ready()
         yield procs
     finally:
         procs.stop_all()

@@ -17,7 +17,7 @@ from producers.publish import validate_task
 from rollstream import kafka
 from rollstream.codec import codec, pack_ids, pack_logprobs, unpack_ids
 from rollstream.config import Settings
-from rollstream.dev.processes import ProcessGroup, free_port, wait_http
+from rollstream.dev.processes import ProcessGroup, free_port
 from rollstream.dev.simulated import Fleet, SimulatedServer
 from rollstream.inference.chat import EmbeddedChatTemplate
 from rollstream.runtime import StageRuntime
@@ -27,10 +27,7 @@ from stages.run import RunStage
 @pytest.fixture(scope="module")
 def policy_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     procs = ProcessGroup(Path(tmp_path_factory.mktemp("policy")))
-    port = free_port()
-    server = procs.start("policy", "serve-policy", "--port", str(port))
-    wait_http(f"http://127.0.0.1:{port}/health", proc=server, timeout=120)
-    yield f"http://127.0.0.1:{port}"
+    yield procs.start_policy().ready()
     procs.stop_all()
 
 
