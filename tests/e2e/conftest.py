@@ -15,7 +15,9 @@ from rollstream.broker import local
 def own_broker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     libs = local.resolve_jars()  # the project's jars, fetched once, shared with this broker
     monkeypatch.setenv(local.HOME_ENV, str(tmp_path / "broker"))
-    monkeypatch.setenv(local.HEAP_ENV, "256m")
+    # 512 MB: restarted after a SIGKILL, a broker of 256 MB died of OutOfMemoryError while
+    # it recovered its logs and activated its controller (a CI run of the broker-restart test).
+    monkeypatch.setenv(local.HEAP_ENV, "512m")
     local.kafka_dir().mkdir(parents=True)
     local.libs_dir().symlink_to(libs, target_is_directory=True)
     bootstrap = local.start(timeout=120)
