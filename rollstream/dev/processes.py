@@ -43,15 +43,15 @@ POLICY_START_S = 300.0
 
 
 @dataclass(frozen=True)
-class Server:
-    """A started HTTP server of a ProcessGroup, perhaps not answering yet."""
+class PolicyServer:
+    """The embedded policy server as ProcessGroup.start_policy started it, perhaps not ready."""
 
     url: str
     proc: subprocess.Popen
 
-    def ready(self, timeout: float = POLICY_START_S) -> str:
+    def ready(self) -> str:
         """Wait until its /health answers (or it exits: RuntimeError); its URL."""
-        wait_http(f"{self.url}/health", timeout=timeout, proc=self.proc)
+        wait_http(f"{self.url}/health", timeout=POLICY_START_S, proc=self.proc)
         return self.url
 
 
@@ -66,12 +66,12 @@ class ProcessGroup:
     def start(self, name: str, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
         return self.start_program(name, [sys.executable, "-m", "rollstream.cli", *args], env)
 
-    def start_policy(self, *args: str, name: str = "policy") -> Server:
-        """`rollstream serve-policy` (the embedded policy) on a free port, not waited for:
-        start what else needs starting, then `ready()`."""
+    def start_policy(self) -> PolicyServer:
+        """`rollstream serve-policy` (the embedded policy) on a free port as "policy", not
+        waited for: start what else needs starting, then `ready()`."""
         port = free_port()
-        proc = self.start(name, "serve-policy", "--port", str(port), *args)
-        return Server(f"http://127.0.0.1:{port}", proc)
+        proc = self.start("policy", "serve-policy", "--port", str(port))
+        return PolicyServer(f"http://127.0.0.1:{port}", proc)
 
     def start_program(self, name: str, argv: list[str],
                       env: dict[str, str] | None = None) -> subprocess.Popen:

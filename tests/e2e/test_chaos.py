@@ -54,9 +54,9 @@ def test_two_jobs_through_every_kind_of_kill_lose_and_duplicate_nothing(
         cluster: str, tmp_path: Path) -> None:
     # One fault a second from the first scored episodes, without waiting for throughput to
     # come back (that is timing, the benchmark's): each kill lands while both jobs have work.
-    # Each job is paced at 8 turns a second (its quota), so its 48 episodes (about 260 turns)
-    # outlast the five faults on a fast machine too: unpaced, both jobs were done 7.2 s after
-    # the start, before the first fault.
+    # Each job is paced at 8 turns a second (its quota): its 48 episodes (168 turns with the
+    # scripted guesses) take at least 21 s, longer than the five faults, on a fast machine too.
+    # Unpaced, both jobs were done 7.2 s after the start, before the first fault.
     result = chaos_jobs.measure(cluster, tmp_path, episodes=48, kinds=KINDS,
                                 faults=len(KINDS), interval=1, timeout_s=300, baseline=False,
                                 settle_max_s=0, grace_s=3, turns_per_s=8)
