@@ -79,6 +79,7 @@ log = logging.getLogger("rollstream.runtime")
 MAX_BATCH = 500  # events taken from the consumer per loop iteration
 REPORT_S = 10.0  # how often the stage's counts are logged
 IDLE_S = 0.05  # how long an idle runtime waits for input (blocking alone, yielding when shared)
+DRAIN_COMMIT_S = 1.0  # how often a draining runtime commits what finished meanwhile
 
 
 @dataclass(slots=True)
@@ -204,6 +205,7 @@ class StageRuntime:
                     self.loop.rewind()
             await self._drain()
         except IdInUse as exc:
+            self.loop.interrupt(str(exc))  # leaving commits nothing: the id is another's now
             self.loop.health.fenced(str(exc))
             raise SystemExit(f"stage {self.stage.name}: {exc}") from exc
         except Stopped as exc:
@@ -504,18 +506,26 @@ class StageRuntime:
     # -- stopping ----------------------------------------------------------------------------
 
     async def _drain(self) -> None:
-        """Graceful stop: finish in-flight work within the drain timeout, commit, leave."""
+        """Graceful stop: finish in-flight work within the drain timeout, committing what
+        finished at least every DRAIN_COMMIT_S (a drain longer than the transaction timeout
+        would otherwise be fenced, losing all of it), then leave."""
         try:
             if self._tasks:
                 log.info("stage %s: draining %d in-flight events", self.stage.name,
                          len(self._tasks))
-                await asyncio.wait(self._tasks, timeout=self.stopping.drain_left())
+            while self._tasks and (left := self.stopping.drain_left()) > 0:
+                await asyncio.wait(self._tasks, timeout=min(left, DRAIN_COMMIT_S))
                 self._reap()
-                for task in self._tasks:
-                    task.cancel()  # unfinished: the next owner resumes them
-                self._tasks.clear()
+                if self._tasks and not self.loop.interrupted:
+                    await self._commit(serve=False)
+            for task in self._tasks:
+                task.cancel()  # unfinished: the next owner resumes them
+            self._tasks.clear()
             if not self.loop.interrupted:
                 await self._commit(serve=False)
         except Rewind as exc:
-            log.warning("stage %s: last commit failed (%s); the next owner redoes it",
-                        self.stage.name, exc)
+            # Nothing since the last commit is committed. Leaving the group commits what
+            # finished (a revoke); it must not: the failed transaction took their outputs.
+            self.loop.interrupt(str(exc))
+            log.warning("stage %s: a commit while draining failed (%s); the next owner redoes "
+                        "what it held", self.stage.name, exc)

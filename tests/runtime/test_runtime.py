@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from dataclasses import replace
 
 from confluent_kafka import TopicPartition
@@ -31,16 +33,67 @@ def test_out_of_order_work_is_committed_exactly_once(settings: Settings) -> None
     assert decode_done(0, committed.metadata) == set(range(1, 40))
     assert len(read_all(settings, settings.topics.trajectories, 4)) == 39
 
-    class FastEcho(SlowEcho):
-        async def handle(self, event: dict, ctx: EventContext) -> list[Output]:
-            return [Output(self.topics.trajectories, str(event["version"]), "PolicyVersion",
-                           event)]
-
     second = StageRuntime(FastEcho(settings), settings)
     run_until(second, lambda: second.stats["processed"] + second.stats["skipped"] >= 40)
     assert second.stats["processed"] == 1 and second.stats["skipped"] == 39
     keys = sorted(int(m.key()) for m in read_all(settings, settings.topics.trajectories, 4))
     assert keys == list(range(40))  # each output exactly once
+
+
+class FastEcho(SlowEcho):
+    async def handle(self, event: dict, ctx: EventContext) -> list[Output]:
+        return [Output(self.topics.trajectories, str(event["version"]), "PolicyVersion", event)]
+
+
+class GatedEcho(SlowEcho):
+    """SlowEcho whose events past version 0 finish only once `gate` is set."""
+
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(settings)
+        self.gate = threading.Event()
+
+    async def handle(self, event: dict, ctx: EventContext) -> list[Output]:
+        while event["version"] and not self.gate.is_set():
+            await asyncio.sleep(0.01)
+        return await super().handle(event, ctx)
+
+
+def test_a_drain_whose_last_commit_is_fenced_commits_none_of_its_offsets(
+        settings: Settings) -> None:
+    """Events that finish while the stage drains, in a transaction that is then fenced (here a
+    newer instance of the transactional id; a drain longer than the transaction timeout is
+    fenced alike): leaving the group must not commit their offsets, whose outputs the fenced
+    transaction took with it. The next owner redoes them, and every output exists once."""
+    producer = kafka.producer(settings)
+    for v in range(20):
+        kafka.produce(producer, settings.topics.policy, policy_event(v), key=str(v))
+    producer.flush()
+    stage = GatedEcho(settings)
+    first = StageRuntime(stage, settings, drain_timeout_s=3)
+    thread = threading.Thread(target=lambda: asyncio.run(first.serve()))
+    thread.start()
+    try:
+        deadline = time.monotonic() + 60
+        while first.in_flight < 20:
+            assert time.monotonic() < deadline, f"{first.in_flight} of 20 events started"
+            time.sleep(0.05)
+        kafka.producer(settings, first.checkpoint.transactional_id).init_transactions(30)
+    finally:
+        first.stop()
+        stage.gate.set()  # events 1..19 finish in the drain; event 0 never does
+        thread.join(60)
+    assert not thread.is_alive()
+    assert first.stats["processed"] == 19
+
+    committed = kafka.consumer(settings, first.group).committed(
+        [TopicPartition(settings.topics.policy, 0)], timeout=10)[0]
+    assert decode_done(max(committed.offset, 0), committed.metadata) == set()
+    assert read_all(settings, settings.topics.trajectories, 4) == []
+
+    second = StageRuntime(FastEcho(settings), settings)
+    run_until(second, lambda: second.stats["processed"] >= 20)
+    keys = sorted(int(m.key()) for m in read_all(settings, settings.topics.trajectories, 4))
+    assert keys == list(range(20))
 
 
 def test_bad_events_go_to_the_dead_letter_topic_and_the_stage_keeps_going(
