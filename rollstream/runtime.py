@@ -125,6 +125,12 @@ class Stage(ABC):
         pauses the partitions, as at max_in_flight."""
         return None
 
+    def stalled(self) -> bool:
+        """True when no event in flight can progress now (e.g. RUN: no inference server is
+        usable): a drain then hands them to the next owner at once instead of waiting out its
+        timeout."""
+        return False
+
     async def start(self) -> None:
         """Open resources (HTTP sessions, sandboxes) inside the event loop."""
 
@@ -506,9 +512,10 @@ class StageRuntime:
     # -- stopping ----------------------------------------------------------------------------
 
     async def _drain(self) -> None:
-        """Graceful stop: finish in-flight work within the drain timeout, committing what
-        finished at least every DRAIN_COMMIT_S (a drain longer than the transaction timeout
-        would otherwise be fenced, losing all of it), then leave."""
+        """Graceful stop: finish in-flight work within the drain timeout or while it can
+        progress (Stage.stalled), committing what finished at least every DRAIN_COMMIT_S (a
+        drain longer than the transaction timeout would otherwise be fenced, losing all of
+        it), then leave."""
         try:
             if self._tasks:
                 log.info("stage %s: draining %d in-flight events", self.stage.name,
@@ -518,6 +525,10 @@ class StageRuntime:
                 self._reap()
                 if self._tasks and not self.loop.interrupted:
                     await self._commit(serve=False)
+                if self._tasks and self.stage.stalled():
+                    log.info("stage %s: %d in-flight events cannot progress; the next owner "
+                             "resumes them", self.stage.name, len(self._tasks))
+                    break
             for task in self._tasks:
                 task.cancel()  # unfinished: the next owner resumes them
             self._tasks.clear()

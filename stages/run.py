@@ -137,6 +137,10 @@ class RunStage(Stage):
             return 0
         return self.router.capacity() if self.share is None else self.share()
 
+    def stalled(self) -> bool:
+        # Every episode waits for a server (the only one stopped with this job, say).
+        return self.router is not None and self.router.slots() == 0
+
     # -- checkpoints -------------------------------------------------------------------------
 
     async def restore(self, partitions: list[int]) -> None:
