@@ -60,7 +60,7 @@ def committed_versions(settings: Settings) -> list[dict]:
 @pytest.mark.slow
 def test_sigkill_of_the_trainer_loses_no_batch_and_trains_none_twice(
         settings: Settings, tmp_path: Path) -> None:
-    groups, size = 16, 4  # 8 steps: the kill lands after the third, the restart does the rest
+    groups, size = 8, 4  # 4 steps: the kill lands after the first, the restart does the rest
     producer = kafka.producer(settings)
     long_prompt = [65 + i % 26 for i in range(1500)]  # long enough that a step takes a while
     for g in range(groups):
@@ -76,7 +76,7 @@ def test_sigkill_of_the_trainer_loses_no_batch_and_trains_none_twice(
             settings.prefix, "--checkpoint-dir", str(tmp_path / "ckpt"), "--groups-per-batch", "2"]
     procs.start("train", *args)
     deadline = time.monotonic() + 300
-    while len(committed_versions(settings)) < 3:
+    while not committed_versions(settings):
         procs.check_alive()
         assert time.monotonic() < deadline
         time.sleep(0.2)
