@@ -1,6 +1,10 @@
-"""The chaos benchmarks' short versions, on one 3-node cluster (starting one is most of their
-cost on a small machine): nothing lost, nothing scored twice, nothing infra-classed, no process
-exits or hangs.
+"""Kills on one 3-node cluster (starting one is most of these tests' cost on a small machine).
+
+- The cluster itself: topics replicated three ways, and transactions that carry on when the
+  partition's leader broker is SIGKILLed; the killed node rejoins.
+
+The chaos benchmarks' short versions: nothing lost, nothing scored twice, nothing infra-classed,
+no process exits or hangs.
 
 - The single-job pipeline, a few hundred episodes, while the broker leading a partition of
   `episodes` is SIGKILLed and restarted. Four stage processes (RUN as a dynamic and a static
@@ -13,26 +17,72 @@ Times back to full throughput are the benchmarks' business (`make bench`), not a
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from confluent_kafka import Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, ConfigResource
 
 from benchmarks import chaos, chaos_jobs
+from rollstream.broker import cluster
+from rollstream.config import load
+from rollstream.kafka import read_partitions
+from rollstream.topics import create_topics
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def three_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     with chaos.three_node_cluster(tmp_path_factory.mktemp("cluster")) as bootstrap:
         yield bootstrap
 
 
+def _transaction(bootstrap: str, topic: str, values: list[bytes]) -> None:
+    p = Producer({"bootstrap.servers": bootstrap, "transactional.id": uuid.uuid4().hex,
+                  "enable.idempotence": True})
+    p.init_transactions(120)
+    p.begin_transaction()
+    for value in values:
+        p.produce(topic, value, partition=0)
+    p.commit_transaction(120)
+
+
+@pytest.mark.timeout(900)  # the cluster's start, when this test runs first
+def test_transactions_survive_the_partition_leader_being_killed(three_nodes: str) -> None:
+    bootstrap = three_nodes
+    assert cluster.running_nodes() == [1, 2, 3]
+    settings = load(bootstrap_servers=bootstrap, prefix=f"c{uuid.uuid4().hex[:6]}")
+    create_topics(bootstrap, settings.prefix, partitions=2, replication_factor=3)
+    topic = settings.topics.tasks
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    # create_topics returns once every broker knows the topics (each one answers
+    # DescribeConfigs from its own metadata).
+    meta = admin.list_topics(topic, timeout=30)
+    assert len(meta.topics[topic].partitions) == 2
+    assert all(len(p.replicas) == 3 for p in meta.topics[topic].partitions.values())
+    [config] = admin.describe_configs([ConfigResource("topic", topic)]).values()
+    assert config.result(timeout=30)["min.insync.replicas"].value == "2"
+
+    _transaction(bootstrap, topic, [b"before"])
+    leader = cluster.partition_leader(bootstrap, topic, 0)
+    assert cluster.kill_node(leader)
+    _transaction(bootstrap, topic, [b"after-leader-kill-1", b"after-leader-kill-2"])
+    assert cluster.partition_leader(bootstrap, topic, 0) != leader
+    values = [m.value() for m in read_partitions(settings, [TopicPartition(topic, 0, 0)])]
+    assert values == [b"before", b"after-leader-kill-1", b"after-leader-kill-2"]
+    # The killed node comes back and rejoins as a broker of the cluster.
+    cluster.start_node(leader)
+    cluster.wait_ready(bootstrap, 3, timeout=240)
+    assert cluster.running_nodes() == [1, 2, 3]
+
+
 @pytest.mark.timeout(900)  # a 3-node cluster and five processes start on a small machine
-def test_a_broker_kill_loses_and_duplicates_nothing(cluster: str, tmp_path: Path) -> None:
+def test_a_broker_kill_loses_and_duplicates_nothing(three_nodes: str, tmp_path: Path) -> None:
     # The kill comes 1 s after the first scored episode: mid-run, with transactions open.
-    result = chaos.measure(cluster, episodes=200, interval=1, kinds=["partition-leader"],
+    result = chaos.measure(three_nodes, episodes=200, interval=1, kinds=["partition-leader"],
                            baseline=False, timeout_s=600, workdir=tmp_path,
                            whole_cluster=False, max_faults=1, grace_s=3,
                            processes=["init-0", "run-0", "run-1", "eval-1"])
@@ -51,13 +101,13 @@ KINDS = ["partition-leader", "init", "eval", "run", "policy"]
 
 @pytest.mark.timeout(900)  # the cluster's start, when this test runs alone
 def test_two_jobs_through_every_kind_of_kill_lose_and_duplicate_nothing(
-        cluster: str, tmp_path: Path) -> None:
+        three_nodes: str, tmp_path: Path) -> None:
     # One fault a second from the first scored episodes, without waiting for throughput to
     # come back (that is timing, the benchmark's): each kill lands while both jobs have work.
     # Each job is paced at 8 turns a second (its quota): its 48 episodes (168 turns with the
     # scripted guesses) take at least 21 s, longer than the five faults, on a fast machine too.
     # Unpaced, both jobs were done 7.2 s after the start, before the first fault.
-    result = chaos_jobs.measure(cluster, tmp_path, episodes=48, kinds=KINDS,
+    result = chaos_jobs.measure(three_nodes, tmp_path, episodes=48, kinds=KINDS,
                                 faults=len(KINDS), interval=1, timeout_s=300, baseline=False,
                                 settle_max_s=0, grace_s=3, turns_per_s=8)
     run = result["with_faults"]
