@@ -27,7 +27,9 @@ totals would count them twice (a manual run once showed 43 for 40). So every tab
 source partition (`<topic>|<partition>`) and each value holds, in the one changelog record, the
 sums and the offset of the last event they include: an event read again finds its offset
 already counted and changes nothing. The opposite, offsets past the changelog, and a restart
-that skipped recovery, were faust's own; rollstream/faust_transport.py fixes both.
+that skipped recovery, were faust's own; rollstream/faust_transport.py fixes both, the first
+also from the tables' side: after recovery, a partition whose tables counted less than its
+committed offset is read again from there (`resume_offsets`).
 """
 
 from __future__ import annotations
@@ -173,6 +175,21 @@ def newest_windows(tumbling: dict[Any, dict], hopping: dict[Any, dict]
             [e for (_, (start, _)), e in hopping.items() if start == oldest])
 
 
+def resume_offsets(app: Any, sources: set[str], totals: Any, windowed: list[Any]
+                   ) -> dict[Any, int]:
+    """Where counting must resume on each source partition held: after the last event that
+    the totals and every window still held counted (a partition without totals: from its
+    start; one without live windows: as its totals say). The consumer reads again from there
+    where the committed offset lies past it (rollstream/faust_transport.py); an event read
+    again counts once in each table."""
+    counted = {key: entry.get("offset", -1) for key, entry in totals.data.items()}
+    for table in windowed:
+        for (key, _), entry in table.data.items():
+            counted[key] = min(counted.get(key, -1), entry.get("offset", -1))
+    return {tp: counted.get(f"{tp.topic}|{tp.partition}", -1) + 1
+            for tp in app.consumer.assignment() if tp.topic in sources}
+
+
 async def drop_expired(table: Any) -> None:
     """Drop the recovered windows that have expired: faust expires only the windows it writes
     (it schedules a window's expiry on a write, not on a changelog record it recovers)."""
@@ -282,6 +299,9 @@ def build_app(settings: Settings, web_port: int, datadir: Path, partitions: int,
     counter(scored, SCORED_TRAJECTORY, scored_sums)
     counter(trajectories, TRAJECTORY, lambda t: [("trajectories", t["termination"], 1.0)])
     counter(dlq, DEAD_LETTER, lambda d: [("dead_letters", d["stage"], 1.0)])
+    app.resume_offsets = functools.partial(
+        resume_offsets, app, {topics.scored, topics.trajectories, topics.dlq}, totals,
+        [this_10s.table, last_1m.table])
 
     @app.agent(policy)
     async def on_policy(stream: Any) -> None:
