@@ -141,8 +141,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The heaviest test files first. Workers take whole files (`--dist loadfile`) in this
     order (`--no-loadscope-reorder`), so a long file starts at once instead of running alone at
     the end. The weights (durations.json) are each file's measured seconds, only an order, from
-    one calm run of the whole suite; a file not there goes after them, in the order collected. Refresh them from a run's `--durations=0` when a file's share
-    changes a lot."""
+    one calm run of the whole suite; a file not there goes after them, in the order collected.
+    Refresh them from a run's `--durations=0` when a file's share changes a lot."""
     weights = json.loads(DURATIONS.read_text())
     items.sort(key=lambda item: -weights.get(item.nodeid.split("::", 1)[0], 0))
 
