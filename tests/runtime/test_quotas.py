@@ -234,9 +234,11 @@ def test_backlogged_jobs_share_evals_sandboxes_by_weight(settings: Settings, mak
     async def sampled(fleets: dict[str, Fleet]) -> bool:
         scoring = fleets["eval"]
         runtimes = {name: s.runtime for name, s in scoring.served.items()}
-        # Once both have started (no preemption) while both have trajectories left: the slots
-        # each holds or may take now.
-        if len(runtimes) == 2 and all(0 < r.stats["processed"] < 50 for r in runtimes.values()):
+        # Once both have started (no preemption) while both have trajectories waiting: the
+        # slots each holds or may take now. (A job with none waiting leaves its slots to the
+        # other: on a loaded machine RUN fell behind for job y, and x's share read 0.37.)
+        if len(runtimes) == 2 and all(0 < r.stats["processed"] < 50 and r.waiting > 0
+                                      for r in runtimes.values()):
             for name, runtime in runtimes.items():
                 samples[name].append(runtime.in_flight + scoring.allowance(name))
         return len(samples["x"]) >= 15
