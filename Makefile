@@ -152,9 +152,9 @@ images: deps
 
 # The workers share one broker (tests/conftest.py); most tests wait on processes and the broker,
 # so more workers than cores overlap well: on a loaded machine three finished the main session
-# in 1080 s where two took 1571 s, and on a calm one four took 693 s where three took 746 s
-# (all passed; the CPU was idle a sixth of the time even so). TEST_WORKERS=0 runs the suite in
-# one process.
+# in 1080 s where two took 1571 s; on a calm one four took 693 s where three took 746 s, but in
+# two fresh-clone CI runs four took 832 s and three 806 s (one run each: not a proven gain).
+# TEST_WORKERS=0 runs the suite in one process.
 TEST_WORKERS ?= 4
 # The trainer adapters' tests train on the CPU: two workers took 99-106 s, three 156 s.
 TRAINER_TEST_WORKERS ?= 2
