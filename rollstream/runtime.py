@@ -535,8 +535,7 @@ class StageRuntime:
             if not self.loop.interrupted:
                 await self._commit(serve=False)
         except Rewind as exc:
-            # Nothing since the last commit is committed. Leaving the group commits what
-            # finished (a revoke); it must not: the failed transaction took their outputs.
-            self.loop.interrupt(str(exc))
+            # Nothing since the last commit is committed; leaving the group commits nothing
+            # more either (the consume loop knows a transaction was lost).
             log.warning("stage %s: a commit while draining failed (%s); the next owner redoes "
                         "what it held", self.stage.name, exc)

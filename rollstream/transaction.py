@@ -284,7 +284,7 @@ class Checkpoint:
         self.retry_s = retry_s
         self.fences = FenceCounter(f"transactional id {transactional_id}")
         self.in_txn = False
-        self.rewinds = 0
+        self.rewinds = 0  # transactions lost (each one raised Rewind)
         self.producer: Producer | None = None
         self._abandoned: list[Producer] = []  # kept alive while their stuck calls run
         # (topic, key, error) of records the broker refused since the caller last looked,

@@ -86,6 +86,7 @@ class ConsumeLoop:
         self._fences = FenceCounter(f"consumer of group {group}")
         self._failed: KafkaError | None = None  # the consumer cannot go on: rebuild it
         self._rewind: str | None = None  # why what is not committed must be redone
+        self._rewound_at = 0  # the checkpoint's lost transactions when the owner last rewound
         self._inflight: CommitInFlight | None = None
         self._assigned: list[int] = []  # held, their state still to be restored
         self.consumer = self._new_consumer()
@@ -263,6 +264,7 @@ class ConsumeLoop:
         self.poison.clear_sources()  # nothing left of the transaction its sources were for
         self.work.forget()
         self._assigned.clear()
+        self._rewound_at = self.checkpoint.rewinds
 
     def rewind(self) -> None:
         """Redo everything since the last commit: back to the committed offsets."""
@@ -337,8 +339,10 @@ class ConsumeLoop:
         self.work.release(parts)
         # A commit under way commits them, or rewinds; and what is to be redone (a commit that
         # failed, a consumer fenced) is never committed: a new producer would fence our
-        # successor's.
-        if self._inflight is None and not self.interrupted:
+        # successor's. Nor is what finished since a transaction was lost and not yet redone
+        # (say, while draining): the lost transaction took its outputs.
+        lost = self.checkpoint.rewinds != self._rewound_at
+        if self._inflight is None and not self.interrupted and not lost:
             try:
                 self._commit()
             except Rewind as exc:
