@@ -13,12 +13,12 @@ to its exactly-once recovery, without which a SIGKILLed worker came back with wr
    while its records went into the next transaction, which a SIGKILL then aborted (a restart
    beside CPU hogs counted 298 of 300 episodes, for good). Records ahead of the offsets are
    harmless: the tables count an event's offset once (rollstream/analytics.py).
-3. After recovery, a partition whose tables counted less than its committed offset says is read
+3. After recovery, a partition whose tables counted less than its committed offset is read
    again from the first event they have not counted (the app's `resume_offsets`). Even with
-   1 and 2, a restart in a loaded test run counted 599 of 600 episodes, for good: the input's
-   offsets had been committed past an event whose table updates the recovered changelog did
-   not hold. The tables know what they counted (rollstream/analytics.py); the offsets are
-   only where faust thought they were.
+   1 and 2, a restart in a loaded test run counted 599 of 600 episodes, for good; how faust
+   lost that one was not found. Whatever the way, the tables know what they counted
+   (rollstream/analytics.py), and reading again from there heals any loss that leaves the
+   committed offsets past it.
 """
 
 from __future__ import annotations
