@@ -47,9 +47,12 @@ if ! command -v $(1) >/dev/null 2>&1; then \
 fi
 endef
 
-# Machine-level tools: bubblewrap (sandboxes without Docker), the Kafka broker's jars (Maven), and
-# a Docker engine with the local base image for Docker sandboxes (scripts/docker-engine.sh).
+# Machine-level tools: bubblewrap (sandboxes without Docker), the Kafka broker's jars (Maven) and
+# its JVM's class-data archive (the suite starts dozens of brokers: each starts on about half the
+# CPU with it), and a Docker engine with the local base image for Docker sandboxes
+# (scripts/docker-engine.sh).
 deps: test-venv broker-jars
+	$(BIN)/rollstream broker fetch --class-archive
 	@$(call apt_tool,bwrap,bubblewrap,sandboxed tools need it)
 	@$(call apt_tool,prometheus,prometheus,the real-Prometheus test skips)
 	./scripts/docker-engine.sh

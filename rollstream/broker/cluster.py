@@ -191,8 +191,8 @@ def _format_async(st: dict[str, Any], node: int) -> subprocess.Popen[str] | None
         return None
     config = _write_config(st, node)
     return subprocess.Popen(
-        [local._java(), "-Xmx256m", "-cp", local._classpath(), "kafka.tools.StorageTool",
-         "format", f"--cluster-id={st['cluster_id']}", "-c", str(config),
+        [local._java(), "-Xmx256m", *local.jvm_options(), "-cp", local._classpath(),
+         "kafka.tools.StorageTool", "format", f"--cluster-id={st['cluster_id']}", "-c", str(config),
          "--ignore-formatted", *local.format_args()],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 

@@ -146,6 +146,18 @@ def libs_dir() -> Path:
     return base_home() / "kafka" / "libs"  # one set of jars for every broker
 
 
+def class_archive() -> Path:
+    """The broker JVM's class-data archive (rollstream/broker/class_archive.py), beside the jars
+    so that new jars remove it; not a jar, so the classpath's libs/* never picks it up."""
+    return libs_dir().resolve() / ".broker-classes.jsa"
+
+
+def jvm_options() -> list[str]:
+    """Options for every broker-side JVM: map the class-data archive where one has been made."""
+    archive = class_archive()
+    return [f"-XX:SharedArchiveFile={archive}"] if archive.is_file() else []
+
+
 def admin_conf(bootstrap: str) -> dict[str, Any]:
     """The client configuration that reaches a bundled broker as its administrator."""
     material = security()
@@ -408,7 +420,9 @@ def _java() -> str:
 
 
 def _classpath() -> str:
-    return str(libs_dir() / "*")  # the JVM expands the wildcard itself
+    # The JVM expands the wildcard itself. Resolved: a home that links to the shared jars gives
+    # the same class path as the others, which the class-data archive is only valid for.
+    return str(libs_dir().resolve() / "*")
 
 
 def _format_storage(state: dict[str, Any], config: Path) -> None:
@@ -421,7 +435,8 @@ def format_storage(data_dir: Path, cluster_id: str, config: Path, standalone: bo
     if (data_dir / "meta.properties").is_file():
         return  # formatting again is a no-op (--ignore-formatted) but costs a JVM start
     cmd = [
-        _java(), "-Xmx256m", "-cp", _classpath(), "kafka.tools.StorageTool", "format",
+        _java(), "-Xmx256m", *jvm_options(), "-cp", _classpath(), "kafka.tools.StorageTool",
+        "format",
         *(["--standalone"] if standalone else []), f"--cluster-id={cluster_id}", "-c", str(config),
         "--ignore-formatted", *format_args(),
     ]  # fmt: skip
@@ -458,7 +473,7 @@ def launch(config: Path, workdir: Path, log: Path, pid_file: Path) -> int:
     heap = os.environ.get(HEAP_ENV, "1g")
     cmd = [
         _java(), f"-Xmx{heap}", "-Xms128m", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
-        "-XX:+ExitOnOutOfMemoryError", "-Djava.awt.headless=true",
+        "-XX:+ExitOnOutOfMemoryError", "-Djava.awt.headless=true", *jvm_options(),
         f"-Dlog4j2.configurationFile={workdir / 'log4j2.properties'}",
         f"-Dkafka.logs.dir={workdir / 'logs'}",
         *shlex.split(os.environ.get(JAVA_OPTS_ENV, "")),

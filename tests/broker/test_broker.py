@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import time
 import uuid
 from pathlib import Path
@@ -11,7 +12,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource
 
-from rollstream.broker import local
+from rollstream.broker import class_archive, local
 from rollstream.config import Topics
 from rollstream.topics import MAX_MESSAGE_BYTES, TOPIC_SPECS, create_topics, delete_topics
 
@@ -182,3 +183,19 @@ def test_unknown_topic_is_not_auto_created(bootstrap: str) -> None:
     assert errors and errors[0] is not None
     meta = AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=10)
     assert name not in meta.topics
+
+
+def test_the_class_data_archive_maps_into_every_broker_jvm() -> None:
+    """The archive `broker fetch --class-archive` makes (set-up makes it; made here if not)
+    is valid for the class path every broker, StorageTool and cluster node runs with: with
+    -Xshare:on a JVM that cannot map it exits with an error instead of running without it."""
+    if not local.jvm_options():
+        class_archive.build()
+    options = local.jvm_options()
+    assert options == [f"-XX:SharedArchiveFile={local.class_archive()}"]
+    proc = subprocess.run(
+        [local._java(), "-Xshare:on", *options, "-Xlog:cds=info", "-cp", local._classpath(),
+         "kafka.Kafka", "--version"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert local.kafka_version() in proc.stdout
+    assert "Unable to use shared archive" not in proc.stdout + proc.stderr
