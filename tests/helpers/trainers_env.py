@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from producers.publish import validate_task
-from rollstream import kafka
+from rollstream import kafka, policy_versions
 from rollstream.codec import codec, pack_ids, pack_logprobs
 from rollstream.config import Settings
 from rollstream.dev.processes import ProcessGroup
@@ -88,6 +88,12 @@ def publish_scored(settings: Settings, events: list[dict]) -> None:
         kafka.produce(p, settings.topics.scored, codec().encode(SCORED_TRAJECTORY, e),
                       key=e["trajectory"]["episode_id"])
     p.flush(30)
+
+
+def committed_versions(settings: Settings) -> list[dict]:
+    """The policy versions committed on the job's policy topic, in order."""
+    return policy_versions.newer(
+        kafka.read_partitions(settings, policy_versions.partitions(settings)))
 
 
 @contextmanager

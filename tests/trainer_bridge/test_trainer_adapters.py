@@ -18,11 +18,15 @@ from typing import Any
 import numpy as np
 import pytest
 
-from rollstream import kafka, policy_versions
 from rollstream.codec import unpack_ids, unpack_logprobs
 from rollstream.config import Settings
 from rollstream.dev import tiny_model
-from tests.helpers.trainers_env import publish_scored, sampled_groups, use_trainers
+from tests.helpers.trainers_env import (
+    committed_versions,
+    publish_scored,
+    sampled_groups,
+    use_trainers,
+)
 from trainer_bridge.bridge import Batch, TrainerBridge
 
 use_trainers()
@@ -41,11 +45,6 @@ SLIME_SAMPLE_FIELDS = {
     "non_generation_time"}
 SLIME_STATUSES = {"pending", "completed", "truncated", "aborted", "failed"}
 SLIME_OUTPUT_FIELDS = ("samples", "metrics")
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> tiny_model.TinyModel:
-    return tiny_model.build(tmp_path_factory.mktemp("tiny") / "m")
 
 
 @pytest.fixture
@@ -232,8 +231,7 @@ def test_async_grpo_worker_feeds_trls_dataset_and_collator(
         deadline = time.monotonic() + 60
         versions: list[dict] = []
         while not versions and time.monotonic() < deadline:
-            versions = policy_versions.newer(kafka.read_partitions(
-                settings, policy_versions.partitions(settings)))
+            versions = committed_versions(settings)
             time.sleep(0.2)
         assert [v["version"] for v in versions] == [1]
         assert versions[0]["uri"] == str(weights.latest)

@@ -15,14 +15,14 @@ import numpy as np
 import pytest
 from confluent_kafka import TopicPartition
 
-from rollstream import kafka, policy_versions
+from rollstream import kafka
 from rollstream.codec import codec, unpack_ids, unpack_logprobs
 from rollstream.config import Settings, load
 from rollstream.dev import tiny_model
 from rollstream.dev.processes import ProcessGroup
 from rollstream.events import SCORED_TRAJECTORY, TASK
 from rollstream.topics import create_topics, delete_topics
-from tests.helpers.trainers_env import pipeline, use_trainers
+from tests.helpers.trainers_env import committed_versions, pipeline, use_trainers
 from trainer_bridge.bridge import TrainerBridge
 from trainer_bridge.groups import GroupPolicy
 
@@ -113,8 +113,7 @@ def test_trl_service_mode_publishes_the_trainers_prompts_and_trains_on_their_gro
         for got, turn in zip(out["logprobs"], expected, strict=True):
             np.testing.assert_allclose(got, turn["logprobs"], rtol=1e-6)
         assert out[trl_adapter.REWARD_COLUMN] == [t["reward"] for t in expected]
-    versions = policy_versions.newer(
-        kafka.read_partitions(job, policy_versions.partitions(job)))
+    versions = committed_versions(job)
     assert [v["version"] for v in versions] == [1, 2]
     assert all(v["metrics"]["samples"] == 2 * GROUP for v in versions)
 
