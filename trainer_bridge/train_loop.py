@@ -18,6 +18,8 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
+import torch
+
 from rollstream import metrics, policy_versions
 from rollstream.admission import CONSUMED
 from rollstream.config import Settings
@@ -44,7 +46,13 @@ def train(settings: Settings, checkpoint_dir: Path, *, groups_per_batch: int = 4
           max_steps: int | None = None,
           idle_timeout_s: float | None = None,
           on_step: Callable[[dict], None] | None = None) -> int:
-    """Run training steps until max_steps or idle; return the number of steps committed."""
+    """Run training steps until max_steps or idle; return the number of steps committed.
+
+    Training the embedded policy (no hf_model) sets this process to one torch thread: its ops
+    are too small to gain from more, and threads that meet at every op crawl on a busy machine
+    (a step: 6 s on one, 11-65 s on two, load 20)."""
+    if hf_model is None:
+        torch.set_num_threads(1)
     steps = 0
 
     def committed(event: dict) -> None:

@@ -49,16 +49,10 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    import torch
-
     from trainer_bridge.groups import GroupPolicy
     from trainer_bridge.train_loop import train
     from trainer_bridge.trainer import GRPOConfig
 
-    if args.hf_model is None:
-        # The embedded policy's ops are too small to gain from more threads, and threads that
-        # meet at every op crawl on a busy machine (a step: 6 s on one, 11-65 s on two, load 20).
-        torch.set_num_threads(1)
     settings, job = common.for_job(common.start_service(args, parts=("bridge",)), args.job)
     common.check_rights(settings, "scored", "policy")
     max_staleness = args.max_staleness
