@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
+from unittest import mock
 
 from rollstream.broker import local
 
@@ -21,25 +22,16 @@ from rollstream.broker import local
 def build(timeout: float = 120) -> Path:
     """Start a broker in a scratch home with the jars of this one, stop it, and keep the archive
     its JVM writes on the way out (written aside, then renamed: never seen half-written)."""
-    libs = local.resolve_jars()
     archive = local.class_archive()
     partial = archive.with_name(f"{archive.name}.{os.getpid()}.partial")
     archive.unlink(missing_ok=True)  # a broker started now must not map the old one
-    saved = {name: os.environ.get(name) for name in (local.HOME_ENV, local.JAVA_OPTS_ENV)}
-    with tempfile.TemporaryDirectory(prefix="rollstream-cds-") as scratch:
-        (Path(scratch) / "kafka").mkdir()
-        (Path(scratch) / "kafka" / "libs").symlink_to(libs, target_is_directory=True)
-        os.environ[local.HOME_ENV] = scratch
-        os.environ[local.JAVA_OPTS_ENV] = f"-XX:ArchiveClassesAtExit={partial}"
+    dump = {local.JAVA_OPTS_ENV: f"-XX:ArchiveClassesAtExit={partial}"}
+    with (tempfile.TemporaryDirectory(prefix="rollstream-cds-") as scratch,
+          local.home_sharing_jars(Path(scratch)), mock.patch.dict(os.environ, dump)):
         try:
             local.start(timeout=timeout)
         finally:
             local.stop(timeout=timeout)
-            for name, value in saved.items():
-                if value is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = value
     if not partial.is_file():
         raise local.BrokerError(
             f"the broker's JVM wrote no class-data archive ({local._java()} needs Java 13+)")

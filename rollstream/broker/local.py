@@ -32,6 +32,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 from rollstream.broker import secure
 from rollstream.config import Settings
@@ -144,6 +145,18 @@ def kafka_dir() -> Path:
 
 def libs_dir() -> Path:
     return base_home() / "kafka" / "libs"  # one set of jars for every broker
+
+
+@contextlib.contextmanager
+def home_sharing_jars(folder: Path) -> Iterator[Path]:
+    """Within: ROLLSTREAM_HOME is `folder` (for this process and the commands it runs), a home
+    of its own whose broker runs on this home's jars (linked, not copied); the environment is
+    restored after."""
+    libs = resolve_jars()
+    with mock.patch.dict(os.environ, {HOME_ENV: str(folder)}):
+        libs_dir().parent.mkdir(parents=True, exist_ok=True)
+        libs_dir().symlink_to(libs, target_is_directory=True)
+        yield folder
 
 
 def class_archive() -> Path:

@@ -26,12 +26,8 @@ PLAIN_USER = "plainfleet"  # PLAIN's users are the broker's configuration, read 
 def own_home(folder: Path) -> Iterator[None]:
     """ROLLSTREAM_HOME at `folder` (for this process and the commands it runs), sharing the
     project's broker jars."""
-    libs = local.resolve_jars()
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv(local.HOME_ENV, str(folder))
+    with local.home_sharing_jars(folder), pytest.MonkeyPatch.context() as patch:
         patch.setenv(local.HEAP_ENV, os.environ.get(local.HEAP_ENV, "256m"))
-        local.libs_dir().parent.mkdir(parents=True)
-        local.libs_dir().symlink_to(libs, target_is_directory=True)
         yield
 
 
