@@ -139,7 +139,7 @@ def _fetch(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     print(f"Kafka {local.kafka_version()} jars in {libs} ({time.monotonic() - t0:.1f} s)")
-    if args.class_archive and not local.jvm_options():
+    if args.class_archive and not local.class_archive().is_file():
         t0 = time.monotonic()
         try:
             archive = class_archive.build()
