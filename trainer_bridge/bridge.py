@@ -21,6 +21,7 @@ Between batches, the bridge rides out lost partitions and failed consumers by it
 from __future__ import annotations
 
 import hashlib
+import logging
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -39,9 +40,14 @@ from rollstream.offsets import PartitionProgress
 from rollstream.transaction import Rewind
 from trainer_bridge.groups import Group, GroupAssembler, GroupPolicy, Sample
 
+log = logging.getLogger("rollstream.bridge")
+
 # How long holding no partitions counts as still joining (not idle): a join waits out a dead
 # member's session (10 s), longer on a busy machine.
 JOIN_GRACE_S = 60.0
+# How often an idle bridge says which groups it is waiting on (a sample that never comes holds
+# a group, and with it a batch, until the group's timeout).
+WAITING_REPORT_S = 30.0
 
 
 @dataclass
@@ -132,7 +138,7 @@ class TrainerBridge:
         Holding no partitions in the first JOIN_GRACE_S is joining, not idleness: a join can
         wait out a dead member's session."""
         produced = 0
-        last_event = time.monotonic()
+        last_event = reported = time.monotonic()
         joining_until = last_event + JOIN_GRACE_S
         while max_batches is None or produced < max_batches:
             while len(self._ready) >= self.groups_per_batch:
@@ -155,6 +161,9 @@ class TrainerBridge:
                 # a restart does not see it again when no batch follows.
                 if self._dead_letters or any(p.dirty for p in self.progress.values()):
                     self._commit([])
+                if now - max(last_event, reported) >= WAITING_REPORT_S:
+                    reported = now
+                    self._report_waiting()
                 if idle_timeout_s is not None and time.monotonic() - last_event > idle_timeout_s:
                     return
             for msg in msgs:
@@ -162,6 +171,18 @@ class TrainerBridge:
             self._ready.extend(self.assembler.expire(self.current_version))
             for group in self.assembler.take_dropped():
                 self._finished(group.samples)  # nothing to train on: acknowledged as handled
+
+    def _report_waiting(self) -> None:
+        pending = sorted(self.assembler.pending.values(), key=lambda g: g.first_seen)
+        if not pending and not self._ready:
+            return
+        shown = "; ".join(f"{g.task_id} {len(g.samples)}/{g.size} at "
+                          f"{sorted((s.partition, s.offset) for s in g.samples)}"
+                          for g in pending[:5])
+        log.info("%d complete groups wait for a batch of %d; %d groups wait for samples%s; "
+                 "unacknowledged from offsets %s", len(self._ready), self.groups_per_batch,
+                 len(pending), f" ({shown})" if shown else "",
+                 {p: prog.watermark for p, prog in sorted(self.progress.items())})
 
     def _accept(self, msg: Message) -> None:
         progress = self.progress[msg.partition()]

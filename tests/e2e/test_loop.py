@@ -74,21 +74,25 @@ def test_sigkill_of_the_trainer_loses_no_batch_and_trains_none_twice(
     procs = ProcessGroup(tmp_path / "logs")
     args = ["train", "--bootstrap-servers", settings.bootstrap_servers, "--prefix",
             settings.prefix, "--checkpoint-dir", str(tmp_path / "ckpt"), "--groups-per-batch", "2"]
-    procs.start("train", *args)
-    deadline = time.monotonic() + 300
-    while not committed_versions(settings):
-        procs.check_alive()
-        assert time.monotonic() < deadline
-        time.sleep(0.2)
-    procs.kill("train")
-    killed_at = len(committed_versions(settings))
-    procs.start("train-2", *args)
-    while len(committed_versions(settings)) < groups // 2:
-        procs.check_alive()
-        assert time.monotonic() < deadline, committed_versions(settings)[-1]["version"]
-        time.sleep(0.5)
-    time.sleep(3)  # a duplicate step would be committed by now
-    procs.stop_all()
+    try:
+        procs.start("train", *args)
+        deadline = time.monotonic() + 240  # before pytest's timeout: the failure says why
+        while not committed_versions(settings):
+            procs.check_alive()
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        procs.kill("train")
+        killed_at = len(committed_versions(settings))
+        procs.start("train-2", *args)
+        while len(committed_versions(settings)) < groups // 2:
+            procs.check_alive()
+            assert time.monotonic() < deadline, (
+                [e["version"] for e in committed_versions(settings)],
+                (tmp_path / "logs" / "train-2.log").read_text()[-3000:])
+            time.sleep(0.5)
+        time.sleep(3)  # a duplicate step would be committed by now
+    finally:
+        procs.stop_all()  # a failed run leaves no trainer behind
 
     events = committed_versions(settings)
     assert [e["version"] for e in events] == list(range(1, groups // 2 + 1))

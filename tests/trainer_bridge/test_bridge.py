@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import logging
+import re
+
 from confluent_kafka import TopicPartition
 
 from rollstream import kafka
 from rollstream.codec import codec
 from rollstream.config import Settings
 from tests.helpers.bridge_helpers import publish_groups, scored
+from trainer_bridge import bridge as bridge_module
 from trainer_bridge.bridge import TrainerBridge
 
 
@@ -74,3 +78,23 @@ def test_dropped_groups_are_committed_and_not_seen_again(settings: Settings) -> 
     with TrainerBridge(settings, groups_per_batch=1) as bridge:
         assert list(bridge.batches(idle_timeout_s=3)) == []
         assert bridge.stats.get("groups_dropped_zero_variance", 0) == 0  # not redelivered
+
+
+def test_an_idle_bridge_names_the_groups_it_waits_on(
+        settings: Settings, monkeypatch, caplog) -> None:
+    """A group missing a sample holds its batch until the group's timeout: the bridge says which
+    group waits, for how many samples, and where those that came are."""
+    monkeypatch.setattr(bridge_module, "WAITING_REPORT_S", 0.5)
+    producer = kafka.producer(settings)
+    kafka.produce(producer, settings.topics.scored, scored("short", 0, 3, 1.0), key="short#0")
+    for i in range(2):
+        kafka.produce(producer, settings.topics.scored, scored("whole", i, 2, float(i)),
+                      key=f"whole#{i}")
+    producer.flush()
+    with caplog.at_level(logging.INFO, "rollstream.bridge"), \
+            TrainerBridge(settings, groups_per_batch=2) as bridge:
+        assert list(bridge.batches(idle_timeout_s=5)) == []
+    reports = [r.getMessage() for r in caplog.records if r.name == "rollstream.bridge"]
+    assert reports, "an idle bridge with an incomplete group said nothing"
+    assert re.search(r"1 complete groups wait for a batch of 2; 1 groups wait for samples "
+                     r"\(short 1/3 at \[\(\d, 0\)\]\)", reports[-1]), reports[-1]
