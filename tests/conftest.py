@@ -36,13 +36,6 @@ SHARED_BOOTSTRAP_ENV = "ROLLSTREAM_TEST_SHARED_BOOTSTRAP"  # the xdist controlle
 KAFKA_IMAGE = "apache/kafka:4.1.2"
 DURATIONS = Path(__file__).with_name("durations.json")
 
-# The suite's brokers compile with the JIT's first tier only: they live minutes and carry
-# little, and without C2 a broker took about 40% less CPU. Measured on one broker (start, 200
-# transactions of 100 records read back, 30 s idle): 5.0-5.4 + 8.5-9.9 + 1.2 CPU-s against
-# 8.4-9.5 + 15.6-17.9 + 1.9-2.2 with both tiers, ready as soon. Every broker a test starts
-# inherits it.
-os.environ.setdefault(local.JAVA_OPTS_ENV, "-XX:TieredStopAtLevel=1")
-
 
 def _kafka_image_here() -> bool:
     """A Docker engine answers and already holds the Kafka image. Registries may be out of

@@ -271,7 +271,8 @@ def active_controller(bootstrap: str, timeout: float = 120) -> int:
     Admin API (QuorumLeader.java, run by the JVM's source launcher: the Python client has no
     such call)."""
     proc = subprocess.run(
-        [local._java(), "-Xmx128m", "-cp", local._classpath(), str(QUORUM_LEADER), bootstrap],
+        [local._java(), "-Xmx128m", *local.JIT_OPTIONS, "-cp", local._classpath(),
+         str(QUORUM_LEADER), bootstrap],
         capture_output=True, text=True, timeout=timeout)
     last = proc.stdout.strip().splitlines()[-1:] or [""]
     if proc.returncode != 0 or not last[0].isdigit():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import time
 import uuid
@@ -208,3 +209,18 @@ def test_the_session_broker_runs_on_the_class_data_archive(bootstrap: str) -> No
         pytest.skip("the archive was made after this broker started (`make deps` makes it "
                     "first); the test above checks it maps")
     assert str(archive) in Path(f"/proc/{pid}/maps").read_text()
+
+
+def test_the_session_broker_runs_on_the_client_compiler_alone(bootstrap: str) -> None:
+    """The JVM itself, asked through its attach API, reports the compiler level the bundled
+    broker runs at: the client compiler only."""
+    if not _local_broker_in_use(bootstrap):
+        pytest.skip("the session runs on another broker than the bundled one")
+    if os.environ.get(local.JAVA_OPTS_ENV):
+        pytest.skip(f"{local.JAVA_OPTS_ENV} gives the session's broker options of its own")
+    jcmd = shutil.which("jcmd")
+    if jcmd is None:
+        pytest.skip("no jcmd (a JRE without the JDK's tools) to ask the broker's JVM")
+    flags = subprocess.run([jcmd, str(local.status()["pid"]), "VM.flags"], capture_output=True,
+                           text=True, timeout=60).stdout.split()
+    assert "-XX:TieredStopAtLevel=1" in flags, flags
