@@ -180,9 +180,10 @@ class TrainerBridge:
                           f"{sorted((s.partition, s.offset) for s in g.samples)}"
                           for g in pending[:5])
         log.info("%d complete groups wait for a batch of %d; %d groups wait for samples%s; "
-                 "unacknowledged from offsets %s", len(self._ready), self.groups_per_batch,
-                 len(pending), f" ({shown})" if shown else "",
-                 {p: prog.watermark for p, prog in sorted(self.progress.items())})
+                 "unacknowledged from offsets %s; partitions paused: %s", len(self._ready),
+                 self.groups_per_batch, len(pending), f" ({shown})" if shown else "",
+                 {p: prog.watermark for p, prog in sorted(self.progress.items())},
+                 sorted(self.loop.held.paused) or "none")
 
     def _accept(self, msg: Message) -> None:
         progress = self.progress[msg.partition()]

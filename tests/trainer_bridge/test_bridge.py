@@ -98,3 +98,4 @@ def test_an_idle_bridge_names_the_groups_it_waits_on(
     assert reports, "an idle bridge with an incomplete group said nothing"
     assert re.search(r"1 complete groups wait for a batch of 2; 1 groups wait for samples "
                      r"\(short 1/3 at \[\(\d, 0\)\]\)", reports[-1]), reports[-1]
+    assert reports[-1].endswith("partitions paused: none"), reports[-1]
