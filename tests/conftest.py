@@ -178,7 +178,7 @@ def topics(bootstrap: str) -> Iterator[Topics]:
     create_topics(bootstrap, prefix, partitions=4)
     yield Topics(prefix)
     if os.environ.get("ROLLSTREAM_TEST_KEEP_TOPICS") != "1":
-        delete_topics(bootstrap, prefix)
+        delete_topics(bootstrap, prefix, whole_namespace=True)  # stats', replays' topics too
 
 
 @pytest.fixture

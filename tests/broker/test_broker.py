@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, ConfigResource
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from rollstream.broker import class_archive, local
 from rollstream.config import Topics
@@ -101,6 +101,26 @@ def test_create_topics_is_idempotent_and_configures_topics(bootstrap: str) -> No
         assert conf[topics.policy]["retention.ms"].value == "-1"
     finally:
         delete_topics(bootstrap, prefix)
+
+
+def test_deleting_a_prefix_takes_its_stats_changelogs_and_only_its_own(bootstrap: str) -> None:
+    """The graph goes with the topics faust made for `rollstream stats` under the prefix;
+    another prefix that starts alike keeps its own; the whole namespace takes the rest."""
+    prefix = f"t{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    extra = [f"{prefix}.stats-totals-changelog", f"{prefix}.stats-__assignor-__leader",
+             f"{prefix}.scored-replay", f"{prefix}x.stats-totals-changelog"]
+    create_topics(bootstrap, prefix, partitions=1)
+    for future in admin.create_topics([NewTopic(n, 1, 1) for n in extra]).values():
+        future.result()
+    graph = {spec.name(Topics(prefix)) for spec in TOPIC_SPECS}
+
+    deleted = delete_topics(bootstrap, prefix)
+
+    assert set(deleted) == graph | set(extra[:2])
+    # (A name just deleted may still be listed a moment: it is deleted again, harmlessly.)
+    assert f"{prefix}.scored-replay" in delete_topics(bootstrap, prefix, whole_namespace=True)
+    assert delete_topics(bootstrap, f"{prefix}x") == [f"{prefix}x.stats-totals-changelog"]
 
 
 def test_produce_consume_round_trip(bootstrap: str, topics: Topics) -> None:
