@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2ForCausalLM
 
 from rollstream.dev import tiny_model
 from rollstream.inference.hf_template import HFChatTemplate
+from tests.helpers.hf import transformers
 
 
 @pytest.fixture(scope="module")
@@ -26,13 +26,13 @@ def greedy(model, ids: list[int], n: int = 12) -> list[int]:
 
 def test_transformers_loads_a_qwen2_with_its_tokenizer_and_chat_template(
         built: tiny_model.TinyModel) -> None:
-    model = AutoModelForCausalLM.from_pretrained(built.model)
-    assert isinstance(model, Qwen2ForCausalLM)
+    model = transformers().AutoModelForCausalLM.from_pretrained(built.model)
+    assert isinstance(model, transformers().Qwen2ForCausalLM)
     assert model.dtype == torch.float32
     config = model.config
     assert (config.hidden_size, config.num_hidden_layers, config.num_attention_heads,
             config.num_key_value_heads) == (128, 2, 4, 2)
-    tokenizer = AutoTokenizer.from_pretrained(built.model)
+    tokenizer = transformers().AutoTokenizer.from_pretrained(built.model)
     assert len(tokenizer) == config.vocab_size == tiny_model.VOCAB_SIZE
     messages = [{"role": "user", "content": "Guess the number, 中文 🙂"}]
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
@@ -49,7 +49,7 @@ def test_transformers_loads_a_qwen2_with_its_tokenizer_and_chat_template(
 
 def test_the_two_weight_sets_are_two_policies(built: tiny_model.TinyModel) -> None:
     prompt = HFChatTemplate(built.model).first_prompt("What is 2 + 3?")
-    first, second = (greedy(AutoModelForCausalLM.from_pretrained(p), prompt)
+    first, second = (greedy(transformers().AutoModelForCausalLM.from_pretrained(p), prompt)
                      for p in built.weights)
     assert first != second
 
@@ -58,11 +58,11 @@ def test_the_adapters_load_in_peft_and_each_changes_the_output(
         built: tiny_model.TinyModel) -> None:
     peft = pytest.importorskip("peft", reason="peft is the independent reader of adapters")
     prompt = HFChatTemplate(built.model).first_prompt("What is 2 + 3?")
-    base = greedy(AutoModelForCausalLM.from_pretrained(built.model), prompt)
+    base = greedy(transformers().AutoModelForCausalLM.from_pretrained(built.model), prompt)
     outputs = []
     for adapter in built.adapters:
         model = peft.PeftModel.from_pretrained(
-            AutoModelForCausalLM.from_pretrained(built.model), adapter)
+            transformers().AutoModelForCausalLM.from_pretrained(built.model), adapter)
         config = json.loads((adapter / "adapter_config.json").read_text())
         assert config["r"] == tiny_model.LORA_RANK
         outputs.append(greedy(model, prompt))

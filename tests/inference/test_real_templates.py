@@ -17,13 +17,13 @@ from typing import Any
 
 import pytest
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerFast
 
 from rollstream.codec import unpack_ids
 from rollstream.dev.simulated import Fleet, SimulatedServer
 from rollstream.inference.chat import sample_count
 from rollstream.inference.hf_template import HFChatTemplate
 from stages.run import RunStage, conversation
+from tests.helpers.hf import transformers
 from tests.helpers.run_helpers import guess_episodes, play, run_settings
 
 TEMPLATES = Path(__file__).parents[1] / "fixtures" / "chat_templates"
@@ -80,7 +80,7 @@ def tokenizer_dir(root: Path, family: str, template: Path) -> Path:
 def reference(root: Path, messages: list[dict], template: Path, **kwargs: Any) -> str:
     """transformers' rendering of the whole conversation (an independent implementation)."""
     config = json.loads((root / "tokenizer_config.json").read_text())
-    hf = PreTrainedTokenizerFast(tokenizer_file=str(root / "tokenizer.json"),
+    hf = transformers().PreTrainedTokenizerFast(tokenizer_file=str(root / "tokenizer.json"),
                                  bos_token=config.get("bos_token"),
                                  eos_token=config.get("eos_token"))
     return hf.apply_chat_template(messages, chat_template=template.read_text(), tokenize=False,

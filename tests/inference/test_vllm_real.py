@@ -21,7 +21,6 @@ from pathlib import Path
 import aiohttp
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from producers.publish import load_tasks, publish, validate_task
 from rollstream.codec import unpack_ids, unpack_logprobs
@@ -32,6 +31,7 @@ from rollstream.inference.client import InferenceClient
 from rollstream.inference.controller import apply_policy, current_version
 from rollstream.wire import lora_name
 from stages.run import conversation
+from tests.helpers.hf import transformers
 from tests.helpers.run_helpers import contexts, guess_episodes, play, run_settings
 from tests.helpers.sandbox_helpers import needs_bwrap, sandbox_root
 from tests.helpers.swe_helpers import HARNESS_BIN, SHIPPED, needs_mini
@@ -42,6 +42,13 @@ __all__ = ["sandbox_root"]
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 STOP = "<|im_end|>"
+
+
+def tokenizer_of(model_dir: Path):
+    """transformers' own tokenizer of the model (the reference RUN's ids are checked against)."""
+    return transformers().AutoTokenizer.from_pretrained(model_dir)
+
+
 _versions = itertools.count(1)  # policy versions applied in this session, rising
 
 
@@ -59,7 +66,7 @@ async def apply(server: RealVllm, uri: Path, kind: str = "full") -> int:
 
 @functools.cache
 def hf_model(weights: Path, adapter: Path | None = None) -> torch.nn.Module:
-    model = AutoModelForCausalLM.from_pretrained(weights)
+    model = transformers().AutoModelForCausalLM.from_pretrained(weights)
     if adapter is not None:
         from peft import PeftModel
 
@@ -99,7 +106,7 @@ def test_run_plays_multi_turn_episodes_token_exact_on_real_vllm(real_vllm: RealV
                             request_timeout_s=120.0)
     episodes = guess_episodes(8, max_turns=3, max_tokens=12)
     trajectories, _ = asyncio.run(play(settings, episodes, concurrency=8))
-    tokenizer = AutoTokenizer.from_pretrained(real_vllm.model.model)
+    tokenizer = tokenizer_of(real_vllm.model.model)
     assert [t["termination"] for t in trajectories if t["termination"] == "INFRA_ERROR"] == []
     assert max(len(t["turns"]) for t in trajectories) > 1
     retokenized_differs = 0
@@ -148,7 +155,7 @@ def test_weight_update_mid_run_stamps_each_turn_with_the_weights_that_sampled_it
 
     trajectories = asyncio.run(main())
     assert [t["termination"] for t in trajectories if t["termination"] == "INFRA_ERROR"] == []
-    stop = AutoTokenizer.from_pretrained(real_vllm.model.model).convert_tokens_to_ids(STOP)
+    stop = tokenizer_of(real_vllm.model.model).convert_tokens_to_ids(STOP)
     stamped = set()
     for trajectory in trajectories:
         for turn, context in zip(trajectory["turns"], contexts(trajectory), strict=True):
@@ -179,7 +186,7 @@ def test_a_policy_version_as_a_lora_adapter_answers_every_turn(real_vllm: RealVl
         return version, trajectories
 
     version, trajectories = asyncio.run(main())
-    stop = AutoTokenizer.from_pretrained(real_vllm.model.model).convert_tokens_to_ids(STOP)
+    stop = tokenizer_of(real_vllm.model.model).convert_tokens_to_ids(STOP)
     for trajectory in trajectories:
         assert trajectory["termination"] != "INFRA_ERROR", trajectory["termination_detail"]
         for turn, context in zip(trajectory["turns"], contexts(trajectory), strict=True):
@@ -192,7 +199,7 @@ def test_two_jobs_adapters_on_one_server_each_answer_their_own_requests(
         real_vllm: RealVllm) -> None:
     model = real_vllm.model
     names = {"job-a": model.adapters[0], "job-b": model.adapters[1]}
-    tokenizer = AutoTokenizer.from_pretrained(model.model)
+    tokenizer = tokenizer_of(model.model)
     stop = tokenizer.convert_tokens_to_ids(STOP)
     prompts = [tokenizer.apply_chat_template([{"role": "user", "content": f"Task {i}: add."}],
                                              add_generation_prompt=True, tokenize=True,
@@ -256,7 +263,7 @@ def test_two_jobs_adapters_loaded_by_the_controller_each_sample_their_jobs_turns
         return versions, {job: t for job, (t, _) in zip(jobs, runs, strict=True)}
 
     versions, played = asyncio.run(main())
-    stop = AutoTokenizer.from_pretrained(model.model).convert_tokens_to_ids(STOP)
+    stop = tokenizer_of(model.model).convert_tokens_to_ids(STOP)
     for job, trajectories in played.items():
         other = next(j for j in jobs if j != job)
         differs = 0
