@@ -114,6 +114,11 @@ def test_deleting_a_prefix_takes_its_stats_changelogs_and_only_its_own(bootstrap
     for future in admin.create_topics([NewTopic(n, 1, 1) for n in extra]).values():
         future.result()
     graph = {spec.name(Topics(prefix)) for spec in TOPIC_SPECS}
+    # Deletion goes by the topics listed: a busy broker lists one just created a moment later.
+    deadline = time.monotonic() + 60
+    while not graph | set(extra) <= set(admin.list_topics(timeout=10).topics):
+        assert time.monotonic() < deadline, "the topics just created were never listed"
+        time.sleep(0.2)
 
     deleted = delete_topics(bootstrap, prefix)
 
