@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import TopicPartition
-from confluent_kafka.admin import AdminClient
 
 from rollstream import analytics, kafka
 from rollstream.codec import codec
@@ -96,15 +95,6 @@ def fetch(port: int) -> dict:
         return {}
 
 
-def delete_stats_topics(settings: Settings) -> None:
-    admin = AdminClient(settings.kafka())
-    ours = [t for t in admin.list_topics(timeout=10).topics
-            if t.startswith(f"{settings.prefix}.stats")]
-    if ours:
-        for f in admin.delete_topics(ours).values():
-            f.result()
-
-
 @pytest.mark.slow
 def test_stats_tables_equal_a_direct_count(settings: Settings, tmp_path: Path) -> None:
     produce_events(settings)
@@ -130,7 +120,6 @@ def test_stats_tables_equal_a_direct_count(settings: Settings, tmp_path: Path) -
                 published = json.loads(msg.value())
     finally:
         procs.stop_all()
-        delete_stats_topics(settings)
 
     episodes, rewards, classes = direct_count(settings)
     assert sum(episodes.values()) == N  # the aborted one is not in the topic either
@@ -228,7 +217,6 @@ def test_stats_totals_stay_exact_after_a_sigkill(settings: Settings, tmp_path: P
     finally:
         filler.join(120)
         procs.stop_all()
-        delete_stats_topics(settings)
 
     assert 0 < counted_before < n, "the kill did not land mid-run"
     episodes, rewards, _ = direct_count(settings)
@@ -301,7 +289,6 @@ def test_stats_windows_expire_while_the_totals_stay_whole(settings: Settings,
         snap = bounded(time.monotonic() + 60, n + fresh)
     finally:
         procs.stop_all()
-        delete_stats_topics(settings)
 
     assert bound < unbounded / 4
     assert 0 < first["windows_held"] <= bound and 0 < recovered["windows_held"] <= bound
