@@ -147,16 +147,22 @@ def test_turns_per_second_stay_at_the_quota(settings: Settings, make_jobs) -> No
         return await all_have(settings, list(done.values()), per_job)
 
     asyncio.run(serving(settings, INIT | RUN, finished))
-    rates = {}
+    starts = {}
     for name, topic in done.items():
-        starts = sorted(turn["started_at_ms"] for trajectory in trajectories(settings, topic)
-                        for turn in trajectory["turns"])
-        assert len(starts) == per_job * turns  # all of them: paced, never dropped
-        rates[name] = (len(starts) - 1) / ((starts[-1] - starts[0]) / 1000)
+        starts[name] = sorted(turn["started_at_ms"]
+                              for trajectory in trajectories(settings, topic)
+                              for turn in trajectory["turns"])
+        assert len(starts[name]) == per_job * turns  # all of them: paced, never dropped
     # Paced at 5 a second (a busy machine only slows it); 2 ms of slack for the ms stamps.
     n = per_job * turns
-    assert rates["paced"] <= (n - 1) / ((n - 1) / 5.0 - 0.002), rates
-    assert rates["free"] > 3 * 5.0, rates  # the other job is not held to it
+    span_s = (starts["paced"][-1] - starts["paced"][0]) / 1000
+    assert (n - 1) / span_s <= (n - 1) / ((n - 1) / 5.0 - 0.002), starts["paced"]
+    # The other job is not held to it: its episodes run side by side, so most of its turns
+    # start sooner after the one before than the quota's 200 ms would allow. Gaps, not a rate:
+    # a busy machine slows the turns (a CI run measured 10.7 a second, under the 15 this test
+    # once asked for), but does not serialize episodes that are in flight together.
+    gaps = [b - a for a, b in zip(starts["free"], starts["free"][1:], strict=False)]
+    assert sum(gap < 200 - 2 for gap in gaps) > len(gaps) / 2, gaps
 
 
 def test_a_paced_job_leaves_its_slots_to_the_others(settings: Settings, make_jobs) -> None:
