@@ -140,6 +140,7 @@ class Fleet:
         context.run(CURRENT.set, quotas)
         runtime = context.run(StageRuntime, stage, settings, self.drain_timeout_s, shared=True,
                               label=f"job {job['name']}", limit=quotas.room)
+        quotas.share_held = runtime.loop.share_held
         log.info("fleet: serving job %s (prefix %s) as group %s", job["name"], job["prefix"],
                  runtime.group)
         task = asyncio.create_task(_serve_job(runtime), name=f"job {job['name']}",

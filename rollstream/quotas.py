@@ -19,10 +19,12 @@ log. Quota 0 means none.
   killed process free themselves); creating a sandbox waits for a free slot. RUN and EVAL take
   a new event only while a slot is left for it: each counts its events in flight as sandboxes
   (an episode or a scoring opens at most one at a time), plus the slots held elsewhere.
-- quota_turns_per_s: RUN's sampled turns of the job, paced: each turn waits (asleep) until
-  1/quota after the previous one's moment (a token bucket holding one token). RUN takes the
-  job's episodes one at a time, and none while the next turn has to wait: it would only wait
-  too, holding an inference slot the other jobs could use.
+- quota_turns_per_s: RUN's sampled turns of the job over the fleet, paced in each RUN process
+  at the quota times its share of the job's episodes partitions (so processes together never
+  pace above it): each turn waits (asleep) until 1/rate after the previous one's moment (a
+  token bucket holding one token). RUN takes the job's episodes one at a time, and none while
+  the next turn has to wait: it would only wait too, holding an inference slot the other jobs
+  could use.
 - quota_tasks_queued: tasks INIT has expanded whose episodes RUN has not finished (waiting or
   in flight): RUN's lag on the job's `<p>.episodes` (records past RUN's committed offsets,
   uncommitted ones too, read every PROBE_S), divided by the group size of the job's last task,
@@ -222,6 +224,9 @@ class JobQuotas:
         self._taken = 0  # tasks INIT took
         self._group_size = 1  # of the last task INIT took
         self._probe: QueueProbe | None = None
+        # The share of the job's input partitions this process holds (the fleet sets it to its
+        # runtime's): a fleet-wide rate is paced here at that share of it.
+        self.share_held: Callable[[], float] = lambda: 1.0
 
     def room(self, in_flight: int) -> int | None:
         """How many more events the job's runtime may take now; None: no quota limits it."""
@@ -278,7 +283,7 @@ class JobQuotas:
 
     async def turn(self) -> None:
         """Wait until the job may sample its next turn."""
-        rate = self.job["quota_turns_per_s"]
+        rate = self.job["quota_turns_per_s"] * self.share_held()
         if rate <= 0:
             return
         now = time.monotonic()

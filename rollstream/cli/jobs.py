@@ -27,7 +27,8 @@ FIELD_FLAGS: dict[str, tuple[type, str]] = {
     "quota_episodes": (int, "episodes in flight in RUN at most (default 0: none)"),
     "quota_sandboxes": (int, "sandboxes at once at most (default 0: none)"),
     "quota_tasks_queued": (int, "tasks admitted beyond what the trainer consumed (0: none)"),
-    "quota_turns_per_s": (float, "agent turns per second at most (default 0: none)"),
+    "quota_turns_per_s": (float, "agent turns per second at most, over the RUN fleet "
+                                 "(default 0: none)"),
     "admission_window": (int, "INIT admits at most this many tasks beyond what the trainer "
                               "consumed (default 0: no limit)"),
     "max_staleness": (int, "policy versions a trained-on sample may lag (0: trainer default)"),

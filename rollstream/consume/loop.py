@@ -89,6 +89,7 @@ class ConsumeLoop:
         self._rewound_at = 0  # the checkpoint's lost transactions when the owner last rewound
         self._inflight: CommitInFlight | None = None
         self._assigned: list[int] = []  # held, their state still to be restored
+        self._partition_count = 0  # the input topic's, read at each assignment; 0: not known
         self.consumer = self._new_consumer()
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -185,6 +186,14 @@ class ConsumeLoop:
         self._rewind = self._rewind or reason
         if self._inflight is not None:
             self._inflight.abandon(reason)
+
+    def share_held(self) -> float:
+        """The fraction of the input topic's partitions this process holds (one partition's,
+        holding none; 1 while the count is not known): what a job's fleet-wide rate becomes
+        here."""
+        if not self._partition_count:
+            return 1.0
+        return max(len(self.held.progress), 1) / self._partition_count
 
     # -- restores ----------------------------------------------------------------------------
 
@@ -323,11 +332,23 @@ class ConsumeLoop:
         log.info("%s: assigned %s", self.name, [tp.partition for tp in partitions])
         self.metrics.rebalanced("assigned")
         committed = self._take(consumer, partitions)
+        self._count_partitions(consumer)
         self.health.ready()
         kafka.start_at_committed(consumer, committed)
         if self.restores and committed:
             # Paused before the first fetch: nothing is handed out before the state is back.
             self.held.pause(consumer, None)
+
+    def _count_partitions(self, consumer: Consumer) -> None:
+        """The input topic's partition count, from the metadata the consumer just joined with
+        (partitions may be added to a topic while it is consumed)."""
+        try:
+            meta = consumer.list_topics(self.topic, timeout=CALL_TIMEOUT_S).topics.get(self.topic)
+        except KafkaException as exc:  # the last count stands
+            log.info("%s: reading %s's partition count: %s", self.name, self.topic, exc)
+            return
+        if meta is not None and meta.error is None and meta.partitions:
+            self._partition_count = len(meta.partitions)
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         parts = {tp.partition for tp in partitions}

@@ -165,6 +165,38 @@ def test_turns_per_second_stay_at_the_quota(settings: Settings, make_jobs) -> No
     assert sum(gap < 200 - 2 for gap in gaps) > len(gaps) / 2, gaps
 
 
+def test_the_turn_quota_holds_over_the_fleet_not_in_each_process(settings: Settings,
+                                                                 make_jobs) -> None:
+    """Two RUN processes serving the job (one of its two partitions each) pace its turns
+    together at the quota, each at half of it: each at the whole quota, they sampled twice it."""
+    paced = make_jobs("paced", quota_turns_per_s=5.0)
+    per_job, turns = 8, 4
+    job_settings = jobs.job_settings(settings, paced)
+    held: list[list[set[int]]] = []
+
+    async def finished(fleets: dict[str, Fleet]) -> bool:
+        runtimes = [f.served["paced"].runtime for f in (fleets["run"], fleets["run too"])
+                    if "paced" in f.served]
+        held.append(sorted((set(r.loop.held.progress) for r in runtimes), key=sorted))
+        if not published and held[-1] == [{0}, {1}]:  # split between them: the work goes in
+            await asyncio.to_thread(publish, job_settings, guesses("paced", per_job, turns))
+            published.append(True)
+        return await all_have(settings, [job_settings.topics.trajectories], per_job)
+
+    published: list[bool] = []
+
+    asyncio.run(serving(settings, INIT | RUN | {"run too": RUN["run"]}, finished))
+    starts = sorted(turn["started_at_ms"]
+                    for trajectory in trajectories(settings, job_settings.topics.trajectories)
+                    for turn in trajectory["turns"])
+    n = per_job * turns
+    assert len(starts) == n
+    assert held[-1] == [{0}, {1}], held[-1]  # both took part to the end
+    # Each process's bucket holds one token: n turns take at least (n - 2) / quota seconds.
+    span_s = (starts[-1] - starts[0]) / 1000
+    assert span_s >= (n - 2) / 5.0 - 0.01, (span_s, starts)
+
+
 def test_a_paced_job_leaves_its_slots_to_the_others(settings: Settings, make_jobs) -> None:
     """A job whose next turn must wait takes no episodes, and its share of the servers' slots
     goes to a backlogged job beside it (work-conserving): without that, at equal weights, the
