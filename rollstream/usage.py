@@ -5,7 +5,10 @@ crash: an episode a killed stage wrote in a transaction that never committed is 
 and the one that replaced it is counted once. Per job and UTC hour:
 
 - from `<job prefix>.scored` (the hour of `scored_at_ms`): episodes, agent turns, sampled
-  tokens (completion ids the servers sampled) and episodes per failure class;
+  tokens (completion ids the servers sampled), episodes per failure class, and the seconds
+  its recorded turns took on the inference servers (their completions' `inference_ms`; the
+  metrics' server-seconds also count requests that failed and episodes that were redone) and
+  in the environment (their `env_ms`: tool calls, sandbox commands);
 - from `<job prefix>.dlq` (the hour of `failed_at_ms`): dead letters.
 """
 
@@ -40,6 +43,8 @@ class Usage:
     failures: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FAILURE_CLASSES, 0))
     dead_letters: int = 0
     undecodable: int = 0  # records on the scored topic that are not ScoredTrajectory
+    server_ms: float = 0.0
+    env_ms: float = 0.0
 
     @property
     def hour(self) -> str:
@@ -49,7 +54,8 @@ class Usage:
         return {"job": self.job, "hour": self.hour, "episodes": self.episodes,
                 "turns": self.turns, "sampled_tokens": self.sampled_tokens,
                 "failure_classes": self.failures, "dead_letters": self.dead_letters,
-                "undecodable": self.undecodable}
+                "undecodable": self.undecodable, "server_s": round(self.server_ms / 1000, 3),
+                "env_s": round(self.env_ms / 1000, 3)}
 
 
 def parse_since(text: str, now_ms: int | None = None) -> int:
@@ -99,6 +105,8 @@ def job_usage(settings: Settings, job: Job, since_ms: int = 0) -> list[Usage]:
         usage.episodes += 1
         usage.turns += len(turns)
         usage.sampled_tokens += sum(len(t["completion_ids"]) // 4 for t in turns)  # int32 each
+        usage.server_ms += sum(t["inference_ms"] for t in turns)
+        usage.env_ms += sum(t["env_ms"] for t in turns)
         usage.failures[record["failure_class"]] += 1
     for letter in dlq.dead_letters(own):
         if letter.event["failed_at_ms"] >= since_ms:
@@ -115,13 +123,14 @@ def usage(settings: Settings, jobs: Iterable[Job], since_ms: int = 0) -> list[Us
 def table(rows: list[Usage]) -> str:
     """The rows as an aligned text table."""
     head = ("JOB", "HOUR", "EPISODES", "TURNS", "SAMPLED_TOKENS", *(c.upper() for c in
-            FAILURE_CLASSES), "DEAD_LETTERS")
+            FAILURE_CLASSES), "DEAD_LETTERS", "SERVER_S", "ENV_S")
     lines = [head]
     for row in rows:
         lines.append((row.job, row.hour, str(row.episodes), str(row.turns),
                       str(row.sampled_tokens), *(str(row.failures.get(c, 0))
                                                  for c in FAILURE_CLASSES),
-                      str(row.dead_letters)))
+                      str(row.dead_letters), f"{row.server_ms / 1000:.1f}",
+                      f"{row.env_ms / 1000:.1f}"))
     widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip()
                      for line in lines)

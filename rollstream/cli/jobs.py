@@ -260,10 +260,11 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
                 f"{' or '.join(sources)}).")
     usage_cmd = command(
         "usage", _usage, "per job and hour: episodes, turns, sampled tokens, failure classes, "
-        "dead letters",
+        "dead letters, server and environment seconds",
         "Each job's usage per UTC hour, read from its committed records (exact after a crash): "
-        "episodes, agent turns, sampled tokens and failure classes from <job prefix>.scored, "
-        "dead letters from <job prefix>.dlq. See docs/jobs.md#usage.", takes_name=False)
+        "episodes, agent turns, sampled tokens, failure classes and the turns' seconds on the "
+        "inference servers and in the environment from <job prefix>.scored, dead letters from "
+        "<job prefix>.dlq. See docs/jobs.md#usage.", takes_name=False)
     usage_cmd.add_argument("--job", metavar="NAME", help="one job only (default: every job)")
     usage_cmd.add_argument("--since", metavar="WHEN",
                            help="from then on: a time ago (90m, 6h, 2d) or an ISO date/time, "

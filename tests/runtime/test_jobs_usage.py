@@ -1,5 +1,6 @@
 """`rollstream jobs usage` on the real broker: two jobs' episodes, turns, sampled tokens,
-failure classes and dead letters per hour, counted from committed records only."""
+failure classes, dead letters and time on the servers and in the environment per hour, counted
+from committed records only."""
 
 from __future__ import annotations
 
@@ -35,8 +36,10 @@ def write(settings: Settings, topic: str, records: list[tuple[str, bytes]],
 
 def episode(task: str, index: int, at_ms: int, failure: str = "ok",
             completions: tuple[int, ...] = (3,)) -> tuple[str, bytes]:
-    """A scored episode with one turn per entry of `completions`, that many tokens sampled."""
-    turns = [turn(i, [1, 2], list(range(n)), 0) for i, n in enumerate(completions)]
+    """A scored episode with one turn per entry of `completions`, that many tokens sampled
+    in 100 ms each on the server, and 10 ms each in the environment."""
+    turns = [turn(i, [1, 2], list(range(n)), 0) | {"inference_ms": 100.0 * n, "env_ms": 10.0 * n}
+             for i, n in enumerate(completions)]
     record = scored(task, index, None if failure == "infra" else 1.0, failure_class=failure,
                     turns=turns) | {"scored_at_ms": at_ms}
     return f"{task}#{index}", codec().encode("ScoredTrajectory", record)
@@ -86,6 +89,9 @@ def test_usage_counts_each_jobs_committed_records_per_hour(
                 second["dead_letters"], second["failure_classes"]["truncated"]) == (1, 1, 3, 1, 1)
         assert (beta["episodes"], beta["turns"], beta["sampled_tokens"], beta["dead_letters"],
                 beta["failure_classes"]["agent"]) == (4, 12, 60, 0, 4)
+        # Time on the servers and in the environment: the uncommitted episode's not counted.
+        assert [(r["server_s"], r["env_s"]) for r in rows] == [(0.9, 0.09), (0.3, 0.03),
+                                                               (6.0, 0.6)]
 
         # One job, from an hour on.
         since = "2023-11-14T23:00"
@@ -95,6 +101,8 @@ def test_usage_counts_each_jobs_committed_records_per_hour(
         table = capsys.readouterr().out.splitlines()
         assert table[0].split()[:5] == ["JOB", "HOUR", "EPISODES", "TURNS", "SAMPLED_TOKENS"]
         assert table[1].split()[:5] == ["beta", "2023-11-14T22:00Z", "4", "12", "60"]
+        assert table[0].split()[-2:] == ["SERVER_S", "ENV_S"]
+        assert table[1].split()[-2:] == ["6.0", "0.6"]
         with pytest.raises(SystemExit, match="time ago"):
             main(["jobs", "usage", "--since", "yesterday", *base])
     finally:
