@@ -70,6 +70,16 @@ def test_a_drain_whose_last_commit_is_fenced_commits_none_of_its_offsets(
     producer.flush()
     stage = GatedEcho(settings)
     first = StageRuntime(stage, settings, drain_timeout_s=3)
+    drain = first._drain
+
+    async def open_then_drain() -> None:
+        # Events 1..19 finish in the drain (event 0 never does). Opened from the test's thread
+        # at stop, they finished while the loop still served: a CI run's periodic commit met
+        # the fence there and rewound, and the drain had nothing left to finish.
+        stage.gate.set()
+        await drain()
+
+    first._drain = open_then_drain  # type: ignore[method-assign]
     thread = threading.Thread(target=lambda: asyncio.run(first.serve()))
     thread.start()
     try:
@@ -80,7 +90,6 @@ def test_a_drain_whose_last_commit_is_fenced_commits_none_of_its_offsets(
         kafka.producer(settings, first.checkpoint.transactional_id).init_transactions(30)
     finally:
         first.stop()
-        stage.gate.set()  # events 1..19 finish in the drain; event 0 never does
         thread.join(60)
     assert not thread.is_alive()
     assert first.stats["processed"] == 19
