@@ -21,7 +21,7 @@ from rollstream.config import Settings
 from rollstream.envs.registry import UnknownEnv, get_env
 from rollstream.envs.swe import sources as swe_sources
 from rollstream.events import TASK
-from rollstream.kafka import process_id, produce, producer, transaction
+from rollstream.kafka import init_transactions, process_id, produce, producer, transaction
 
 
 class TaskFileError(ValueError):
@@ -222,7 +222,7 @@ def publish(settings: Settings, tasks: list[dict[str, Any]]) -> int:
     found = p.list_topics(timeout=10).topics.get(topic)
     if found is None or found.error is not None:
         raise RuntimeError(f"topic {topic} does not exist (create it: rollstream topics create)")
-    p.init_transactions(30)
+    init_transactions(p, 30)
     with transaction(p):
         for task, value in zip(tasks, values, strict=True):
             produce(p, topic, value, key=task["task_id"])

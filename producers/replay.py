@@ -30,6 +30,7 @@ from rollstream.config import Settings
 from rollstream.events import POLICY_VERSION, SCORED_TRAJECTORY, TRAJECTORY
 from rollstream.kafka import (
     consumer,
+    init_transactions,
     process_id,
     produce,
     producer,
@@ -295,7 +296,7 @@ def replay(
             process_id(settings, settings.topics.group("replay")),
             **{"transaction.timeout.ms": TRANSACTION_TIMEOUT_MS},
         )
-        p.init_transactions(30)
+        init_transactions(p, 30)
     out = out or sys.stdout
     skipped = _Skipped()
     replayed = 0

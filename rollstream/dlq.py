@@ -125,7 +125,7 @@ def redrive(settings: Settings, **selection: Any) -> list[DeadLetter]:
     Returns those sent."""
     ensure_ledger(settings)
     producer = kafka.producer(settings, f"{settings.prefix}.dlq-redrive")
-    producer.init_transactions(60)  # fences a concurrent redrive before the ledger is read
+    kafka.init_transactions(producer, 60)  # fences a concurrent redrive before the ledger is read
     done = redriven(settings)
     todo = [d for d in select(list(dead_letters(settings)), **selection)
             if d.coordinates not in done]

@@ -244,6 +244,12 @@ def retrying(call: Callable[[], T], timeout_s: float = 30.0) -> T:
         time.sleep(0.5)
 
 
+def init_transactions(p: Producer, timeout_s: float = 30.0) -> None:
+    """`p.init_transactions`, asked again while the transaction coordinator moves or loads: a
+    broker just started answered NOT_COORDINATOR, and the client raised it."""
+    retrying(lambda: p.init_transactions(timeout_s), timeout_s)
+
+
 def watermarks(c: Consumer, tp: TopicPartition, timeout_s: float = 10.0) -> tuple[int, int]:
     """A partition's (low, high) offsets as its leader has them now, asked again while the leader
     moves."""

@@ -15,6 +15,7 @@ from confluent_kafka import (
     KafkaError,
     KafkaException,
     Message,
+    Producer,
     TopicPartition,
 )
 
@@ -152,6 +153,26 @@ def test_dry_run_validates_without_sending(
     assert _cli(settings, "publish", str(path), "--dry-run") == 0
     assert "2 tasks valid" in capsys.readouterr().out
     assert _end_offsets(settings, settings.topics.tasks) == [0] * PARTITIONS
+
+
+def test_publish_waits_out_a_coordinator_that_is_not_ready(
+        settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a broker just started answered a CI run's first publish: NOT_COORDINATOR from
+    init_transactions, raised by the client. The real producer answers it once here (as the
+    broker did), then does its work."""
+    answered: list[str] = []
+
+    class NotReadyAtFirst(Producer):
+        def init_transactions(self, *args: object) -> None:
+            if not answered:
+                answered.append("NOT_COORDINATOR")
+                raise KafkaException(KafkaError(KafkaError.NOT_COORDINATOR))
+            super().init_transactions(*args)
+
+    monkeypatch.setattr("rollstream.kafka.Producer", NotReadyAtFirst)  # what producer() makes
+    assert publish(settings, [validate_task(_task(i)) for i in range(3)]) == 3
+    assert answered == ["NOT_COORDINATOR"]
+    assert len(_committed(settings, settings.topics.tasks)) == 3
 
 
 def test_publish_is_all_or_nothing(settings: Settings) -> None:
