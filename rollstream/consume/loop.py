@@ -89,7 +89,8 @@ class ConsumeLoop:
         self._rewound_at = 0  # the checkpoint's lost transactions when the owner last rewound
         self._inflight: CommitInFlight | None = None
         self._assigned: list[int] = []  # held, their state still to be restored
-        self._partition_count = 0  # the input topic's, read at each assignment; 0: not known
+        self._partition_count = 0  # the input topic's, read after each assignment; 0: unknown
+        self._recount = False  # an assignment came: read the count after the poll
         self.consumer = self._new_consumer()
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -118,6 +119,9 @@ class ConsumeLoop:
         takes what is already fetched (consume(n, timeout) would wait out the timeout whenever
         fewer than n wait). Consumer errors are handled here, never returned."""
         first = self.consumer.poll(timeout_s)
+        if self._recount:
+            self._recount = False
+            self._count_partitions()
         if first is None:
             self.idle = True
             if self.empty_since is None:
@@ -332,18 +336,21 @@ class ConsumeLoop:
         log.info("%s: assigned %s", self.name, [tp.partition for tp in partitions])
         self.metrics.rebalanced("assigned")
         committed = self._take(consumer, partitions)
-        self._count_partitions(consumer)
+        # Not here: a metadata call inside the callback's poll aborted the process (the
+        # client's call state assertion) on an empty assignment.
+        self._recount = True
         self.health.ready()
         kafka.start_at_committed(consumer, committed)
         if self.restores and committed:
             # Paused before the first fetch: nothing is handed out before the state is back.
             self.held.pause(consumer, None)
 
-    def _count_partitions(self, consumer: Consumer) -> None:
-        """The input topic's partition count, from the metadata the consumer just joined with
-        (partitions may be added to a topic while it is consumed)."""
+    def _count_partitions(self) -> None:
+        """The input topic's partition count, read again after an assignment (partitions may
+        be added to a topic while it is consumed)."""
         try:
-            meta = consumer.list_topics(self.topic, timeout=CALL_TIMEOUT_S).topics.get(self.topic)
+            meta = self.consumer.list_topics(self.topic, timeout=CALL_TIMEOUT_S).topics.get(
+                self.topic)
         except KafkaException as exc:  # the last count stands
             log.info("%s: reading %s's partition count: %s", self.name, self.topic, exc)
             return
