@@ -21,7 +21,7 @@ from rollstream.config import Settings
 from rollstream.envs.registry import UnknownEnv, get_env
 from rollstream.envs.swe import sources as swe_sources
 from rollstream.events import TASK
-from rollstream.kafka import init_transactions, process_id, produce, producer, transaction
+from rollstream.kafka import process_id, produce, transaction, transactional_producer
 
 
 class TaskFileError(ValueError):
@@ -216,13 +216,12 @@ def publish(settings: Settings, tasks: list[dict[str, Any]]) -> int:
     values = [
         codec().encode(TASK, {**t, "created_at_ms": t["created_at_ms"] or now_ms}) for t in tasks
     ]
-    p = producer(settings, process_id(settings, settings.topics.group("publish")))
+    p = transactional_producer(settings, process_id(settings, settings.topics.group("publish")))
     # The topic must exist, or the send would only fail at commit, after a delivery timeout.
     # Listing all topics, not this one, so a broker with auto-create on does not create it.
     found = p.list_topics(timeout=10).topics.get(topic)
     if found is None or found.error is not None:
         raise RuntimeError(f"topic {topic} does not exist (create it: rollstream topics create)")
-    init_transactions(p, 30)
     with transaction(p):
         for task, value in zip(tasks, values, strict=True):
             produce(p, topic, value, key=task["task_id"])

@@ -30,13 +30,12 @@ from rollstream.config import Settings
 from rollstream.events import POLICY_VERSION, SCORED_TRAJECTORY, TRAJECTORY
 from rollstream.kafka import (
     consumer,
-    init_transactions,
     process_id,
     produce,
-    producer,
     read_partitions,
     retrying,
     transaction,
+    transactional_producer,
     watermarks,
 )
 
@@ -291,12 +290,11 @@ def replay(
     same_partitions = False
     if to_topic is not None:
         same_partitions = _ensure_topic(settings, topic, to_topic) == len(partitions)
-        p = producer(
+        p = transactional_producer(
             settings,
             process_id(settings, settings.topics.group("replay")),
             **{"transaction.timeout.ms": TRANSACTION_TIMEOUT_MS},
         )
-        init_transactions(p, 30)
     out = out or sys.stdout
     skipped = _Skipped()
     replayed = 0

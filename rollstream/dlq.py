@@ -124,8 +124,8 @@ def redrive(settings: Settings, **selection: Any) -> list[DeadLetter]:
     """Send the selected dead letters not yet redriven back to their source topics, once.
     Returns those sent."""
     ensure_ledger(settings)
-    producer = kafka.producer(settings, f"{settings.prefix}.dlq-redrive")
-    kafka.init_transactions(producer, 60)  # fences a concurrent redrive before the ledger is read
+    # Its initialization fences a concurrent redrive before the ledger is read.
+    producer = kafka.transactional_producer(settings, f"{settings.prefix}.dlq-redrive", 60)
     done = redriven(settings)
     todo = [d for d in select(list(dead_letters(settings)), **selection)
             if d.coordinates not in done]

@@ -244,10 +244,17 @@ def retrying(call: Callable[[], T], timeout_s: float = 30.0) -> T:
         time.sleep(0.5)
 
 
-def init_transactions(p: Producer, timeout_s: float = 30.0) -> None:
-    """`p.init_transactions`, asked again while the transaction coordinator moves or loads: a
-    broker just started answered NOT_COORDINATOR, and the client raised it."""
-    retrying(lambda: p.init_transactions(timeout_s), timeout_s)
+def transactional_producer(settings: Settings, transactional_id: str, timeout_s: float = 30.0,
+                           **extra: Any) -> Producer:
+    """A producer with its transactions initialized, made anew while the transaction
+    coordinator moves or loads: a broker just started answered NOT_COORDINATOR, and a producer
+    whose initialization had failed so kept failing (for 30 s in a CI run)."""
+    def initialized() -> Producer:
+        made = producer(settings, transactional_id, **extra)
+        made.init_transactions(timeout_s)
+        return made
+
+    return retrying(initialized, timeout_s * 2)
 
 
 def watermarks(c: Consumer, tp: TopicPartition, timeout_s: float = 10.0) -> tuple[int, int]:
