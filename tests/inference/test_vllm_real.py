@@ -39,7 +39,9 @@ from tests.helpers.vllm_server import RealVllm
 
 __all__ = ["sandbox_root"]
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+# The first test also starts the server (and makes the tiny model): in a loaded CI run that
+# took more than pytest's default 300 s.
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(600)]
 
 STOP = "<|im_end|>"
 
