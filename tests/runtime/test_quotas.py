@@ -100,7 +100,7 @@ def make_jobs(settings: Settings) -> Iterator[Callable[..., Job]]:
 
 async def serving(settings: Settings, stages: dict[str, MakeStage],
                   until: Callable[[dict[str, Fleet]], Awaitable[bool]],
-                  timeout_s: float = 45, eval_slots: int = 0) -> None:
+                  timeout_s: float = 90, eval_slots: int = 0) -> None:
     """Fleets of the given stages (each its own, as separate processes would be) against one
     simulated server taking 8 episodes at once, until `until(fleets)` holds; EVAL's fleet
     shares `eval_slots` scorings at once."""
