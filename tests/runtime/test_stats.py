@@ -228,8 +228,17 @@ def test_stats_totals_stay_exact_after_a_sigkill(settings: Settings, tmp_path: P
     assert {v: row["episodes"] for v, row in total["by_version"].items()} == episodes
     for version, row in total["by_version"].items():
         assert row["mean_reward"] * row["rewarded"] == pytest.approx(rewards[version])
-    # The windowed tables too, though the restart recovered them from their changelogs.
-    assert (snap["this_10s"]["episodes"], snap["last_1m"]["episodes"]) == direct_windows(settings)
+    # The windowed tables too, though the restart recovered them from their changelogs; unless
+    # the newest window had expired by the snapshot (a minute after it closed: a loaded CI run
+    # caught up that late, and the app rightly held no window).
+    windows = (snap["this_10s"]["episodes"], snap["last_1m"]["episodes"])
+    newest_end_s = max(m.timestamp()[1] for m in kafka.read_partitions(
+        settings, kafka.whole_topic(settings, settings.topics.scored))) / 1000 // 10 * 10 + 10
+    expires_at_s = newest_end_s + analytics.EXPIRES.total_seconds()
+    if snap["at_ms"] / 1000 < expires_at_s:
+        assert windows == direct_windows(settings)
+    elif snap["at_ms"] / 1000 > expires_at_s + analytics.CLEANUP_INTERVAL_S + 1:
+        assert windows == (0, 0)  # between the two: faust's cleanup may not have run yet
 
 
 @pytest.mark.slow
