@@ -140,7 +140,7 @@ class Fleet:
         context.run(CURRENT.set, quotas)
         runtime = context.run(StageRuntime, stage, settings, self.drain_timeout_s, shared=True,
                               label=f"job {job['name']}", limit=quotas.room)
-        quotas.share_held = runtime.loop.share_held
+        quotas.holding = runtime.loop.holding
         log.info("fleet: serving job %s (prefix %s) as group %s", job["name"], job["prefix"],
                  runtime.group)
         task = asyncio.create_task(_serve_job(runtime), name=f"job {job['name']}",
@@ -181,7 +181,7 @@ class Fleet:
                       wants=((s.runtime.waiting > 0
                               or _wants(s.runtime.loop.empty_since, recent))
                              and s.quotas.room(s.runtime.in_flight) != 0),
-                      quota=s.job["quota_episodes"] if s.runtime.stage.name == "run" else 0,
+                      quota=s.quotas.episode_quota(),
                       priority=s.job["priority"])
             # RUN: a job with servers of its own is outside the share of the shared ones.
             for n, s in self.served.items()

@@ -11,8 +11,10 @@ A job at a quota is paused, never dropped: the runtime's room for new events (`r
 StageRuntime as its `limit`) drops to 0, the job's partitions pause and its events wait in the
 log. Quota 0 means none.
 
-- quota_episodes: RUN's episodes of the job in flight (rollstream.fairshare applies it to the
-  jobs sharing the servers; here it also bounds a job with servers of its own).
+- quota_episodes: RUN's episodes of the job in flight over the fleet (rollstream.fairshare
+  applies it to the jobs sharing the servers; here it also bounds a job with servers of its
+  own). Each RUN process takes its `portion`: the parts of the job's episodes partitions it
+  holds, which add up to the quota over the fleet.
 - quota_sandboxes: the job's sandboxes open at once on this host (its processes sharing one
   sandbox root), RUN's and EVAL's together. Each holds one of the job's numbered slots, a lock
   file under the sandbox root (`<root>/quotas/<job prefix>/<n>.lock`; flock, so the slots of a
@@ -42,7 +44,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from contextvars import ContextVar
 from functools import cached_property
 from pathlib import Path
@@ -63,6 +65,25 @@ HELD_S = 0.2  # how long a count of the slots held is used before it is made aga
 # Up to this many offsets of lag are read to count them exactly (transaction markers take
 # offsets too); beyond, the offsets are the count.
 EXACT_LIMIT = 20_000
+
+
+def portion(quota: int, held: Collection[int], count: int) -> int:
+    """The part of a fleet-wide `quota` that falls to a process holding partitions `held` of
+    the `count` of its input topic. Partition p's part is quota // count, plus one for the first
+    quota % count partitions, so the parts of all partitions add up to the quota. A process's
+    part is never under 1, so its partitions never starve: a fleet can then go over the quota,
+    by at most one per process, and only when the quota is under the partition count. The whole
+    quota while the count is not known yet (a process's first poll); 0 (none) stays 0."""
+    if not quota or not count:
+        return quota
+    base, extra = divmod(quota, count)
+    return max(1, sum(base + (p < extra) for p in held))
+
+
+def rate_share(held: Collection[int], count: int) -> float:
+    """The fraction of a fleet-wide rate that a process holding partitions `held` of `count`
+    paces at (one partition's, holding none; 1 while the count is not known)."""
+    return max(len(held), 1) / count if count else 1.0
 
 
 class Slot:
@@ -224,9 +245,9 @@ class JobQuotas:
         self._taken = 0  # tasks INIT took
         self._group_size = 1  # of the last task INIT took
         self._probe: QueueProbe | None = None
-        # The share of the job's input partitions this process holds (the fleet sets it to its
-        # runtime's): a fleet-wide rate is paced here at that share of it.
-        self.share_held: Callable[[], float] = lambda: 1.0
+        # The job's input partitions this process holds, and their count (the fleet sets it to
+        # its runtime's): a fleet-wide quota is applied here at this process's part of it.
+        self.holding: Callable[[], tuple[set[int], int]] = lambda: (set(), 0)
 
     def room(self, in_flight: int) -> int | None:
         """How many more events the job's runtime may take now; None: no quota limits it."""
@@ -236,13 +257,17 @@ class JobQuotas:
                              self._turn_room()) if r is not None]
         return min(rooms, default=None)
 
+    def episode_quota(self) -> int:
+        """This process's portion of the job's quota_episodes; 0: none."""
+        if self.stage != "run":
+            return 0
+        return portion(self.job["quota_episodes"], *self.holding())
+
     def _episode_room(self, in_flight: int) -> int | None:
         """RUN's episodes of the job in flight. The fair share applies it too; this is also
         the bound of a job with servers of its own, which is outside the share."""
-        quota = self.job["quota_episodes"]
-        if not quota or self.stage != "run":
-            return None
-        return max(0, quota - in_flight)
+        quota = self.episode_quota()
+        return max(0, quota - in_flight) if quota else None
 
     def _sandbox_room(self, in_flight: int) -> int | None:
         quota = self.job["quota_sandboxes"]
@@ -283,7 +308,7 @@ class JobQuotas:
 
     async def turn(self) -> None:
         """Wait until the job may sample its next turn."""
-        rate = self.job["quota_turns_per_s"] * self.share_held()
+        rate = self.job["quota_turns_per_s"] * rate_share(*self.holding())
         if rate <= 0:
             return
         now = time.monotonic()

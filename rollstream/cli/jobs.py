@@ -24,7 +24,7 @@ FIELD_FLAGS: dict[str, tuple[type, str]] = {
                          "adapter on the shared ones)"),
     "weight": (float, "share of the fleet's inference slots when saturated (default 1)"),
     "priority": (int, "higher takes free slots first; never preempts (default 0)"),
-    "quota_episodes": (int, "episodes in flight in RUN at most (default 0: none)"),
+    "quota_episodes": (int, "episodes in flight in RUN's fleet at most (default 0: none)"),
     "quota_sandboxes": (int, "sandboxes at once at most (default 0: none)"),
     "quota_tasks_queued": (int, "tasks admitted beyond what the trainer consumed (0: none)"),
     "quota_turns_per_s": (float, "agent turns per second at most, over the RUN fleet "

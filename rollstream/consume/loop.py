@@ -191,13 +191,10 @@ class ConsumeLoop:
         if self._inflight is not None:
             self._inflight.abandon(reason)
 
-    def share_held(self) -> float:
-        """The fraction of the input topic's partitions this process holds (one partition's,
-        holding none; 1 while the count is not known): what a job's fleet-wide rate becomes
-        here."""
-        if not self._partition_count:
-            return 1.0
-        return max(len(self.held.progress), 1) / self._partition_count
+    def holding(self) -> tuple[set[int], int]:
+        """The input topic's partitions this process holds, and how many the topic has (0 while
+        not known): what its part of a job's fleet-wide quotas is made from."""
+        return set(self.held.progress), self._partition_count
 
     # -- restores ----------------------------------------------------------------------------
 

@@ -1,7 +1,8 @@
 """A job's quotas on a shared fleet (rollstream.quotas), on the real broker with in-process
 fleets: a job at a quota is paused, nothing dropped, and the other jobs go on unlimited.
 
-- quota_episodes: a job with servers of its own, outside the fair share, keeps it too;
+- quota_episodes: a job with servers of its own, outside the fair share, keeps it too, over
+  two RUN processes together;
 - quota_turns_per_s: the turns sampled for the job, timed from their Turn records, stay at the
   quota while a job without one samples faster, and the paced job's share of the servers' slots
   goes to the other;
@@ -35,6 +36,7 @@ from rollstream.envs.base import Environment, Score, StepResult
 from rollstream.events import Job
 from rollstream.fleet import Fleet
 from rollstream.inference.routing import Router
+from rollstream.quotas import portion
 from rollstream.runtime import Stage
 from rollstream.sandbox import Sandbox, SandboxSpec, create_sandbox, get_backend
 from rollstream.topics import create_topics, delete_topics
@@ -246,6 +248,53 @@ def test_a_job_with_servers_of_its_own_keeps_its_episode_quota(settings: Setting
 
     asyncio.run(main())
     assert most[0] == 2
+
+
+def test_the_episode_quota_holds_over_the_fleet_not_in_each_process(settings: Settings,
+                                                                    make_jobs) -> None:
+    """Two RUN processes serving a job with servers of its own (one of its two partitions each)
+    keep its quota_episodes=2 together, one each: each at the whole quota, they would hold 4."""
+    per_job = 16
+    most, held = [0], []
+
+    async def main() -> None:
+        own = SimulatedServer(step_s=lambda running: 0.05)  # episodes long enough to overlap
+        job = make_jobs("own", policy_urls=[await own.start()], quota_episodes=2)
+        job_settings = jobs.job_settings(settings, job)
+
+        async def finished(fleets: dict[str, Fleet]) -> bool:
+            runtimes = [f.served["own"].runtime for f in (fleets["run"], fleets["run too"])
+                        if "own" in f.served]
+            held.append(sorted((set(r.loop.held.progress) for r in runtimes), key=sorted))
+            if not published and held[-1] == [{0}, {1}]:  # split between them: work goes in
+                await asyncio.to_thread(publish, job_settings, guesses("own", per_job, turns=4))
+                published.append(True)
+            most[0] = max(most[0], sum(r.in_flight for r in runtimes))
+            return await all_have(settings, [job_settings.topics.trajectories], per_job)
+
+        published: list[bool] = []
+        run = {"run": lambda s, job, share, router: RunStage(s)}
+        try:
+            await serving(settings, INIT | run | {"run too": run["run"]}, finished)
+        finally:
+            await own.stop()
+
+    asyncio.run(main())
+    assert held[-1] == [{0}, {1}], held[-1]  # both took part to the end
+    assert most[0] == 2, most[0]
+
+
+def test_the_portions_of_an_episode_quota_add_up_to_it() -> None:
+    """Split by partitions, the processes' portions add up to the quota; each has at least one
+    (the documented going over, when there are more processes than the quota)."""
+    for count in range(1, 7):
+        for quota in range(1, 14):
+            ones = [portion(quota, {p}, count) for p in range(count)]
+            assert sum(ones) == max(quota, count), (quota, count, ones)
+            halves = [portion(quota, set(range(i, count, 2)), count) for i in (0, 1)]
+            if count > 1 and quota >= 2:
+                assert sum(halves) == quota, (quota, count, halves)
+    assert portion(0, {0}, 4) == 0 and portion(5, {0}, 0) == 5  # none; count not known yet
 
 
 class SlowScore(Arithmetic):
