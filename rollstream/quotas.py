@@ -247,7 +247,7 @@ class JobQuotas:
         self._probe: QueueProbe | None = None
         # The job's input partitions this process holds, and their count (the fleet sets it to
         # its runtime's): a fleet-wide quota is applied here at this process's part of it.
-        self.holding: Callable[[], tuple[set[int], int]] = lambda: (set(), 0)
+        self.holding: Callable[[], tuple[Collection[int], int]] = lambda: ((), 0)
 
     def room(self, in_flight: int) -> int | None:
         """How many more events the job's runtime may take now; None: no quota limits it."""

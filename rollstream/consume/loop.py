@@ -25,6 +25,7 @@ import contextlib
 import logging
 import time
 from collections import Counter
+from collections.abc import Collection
 from typing import Protocol
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
@@ -191,10 +192,11 @@ class ConsumeLoop:
         if self._inflight is not None:
             self._inflight.abandon(reason)
 
-    def holding(self) -> tuple[set[int], int]:
-        """The input topic's partitions this process holds, and how many the topic has (0 while
-        not known): what its part of a job's fleet-wide quotas is made from."""
-        return set(self.held.progress), self._partition_count
+    def holding(self) -> tuple[Collection[int], int]:
+        """The input topic's partitions this process holds (a live view, not a copy: read at
+        every turn and every look), and how many the topic has (0 while not known): what its
+        part of a job's fleet-wide quotas is made from."""
+        return self.held.progress.keys(), self._partition_count
 
     # -- restores ----------------------------------------------------------------------------
 
