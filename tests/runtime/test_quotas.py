@@ -37,7 +37,7 @@ from rollstream.events import Job
 from rollstream.fleet import Fleet
 from rollstream.inference.routing import Router
 from rollstream.quotas import portion
-from rollstream.runtime import Stage
+from rollstream.runtime import Stage, StageRuntime
 from rollstream.sandbox import Sandbox, SandboxSpec, create_sandbox, get_backend
 from rollstream.topics import create_topics, delete_topics
 from stages.eval import EvalStage
@@ -167,33 +167,50 @@ def test_turns_per_second_stay_at_the_quota(settings: Settings, make_jobs) -> No
     assert sum(gap < 200 - 2 for gap in gaps) > len(gaps) / 2, gaps
 
 
+class SplitJob:
+    """A job served by two RUN fleets, "run" and "run too" (two processes): its episodes are
+    published once each fleet holds one of its two partitions; `held` is what the two held at
+    each look, `runtimes` the job's runtimes in them."""
+
+    def __init__(self, settings: Settings, job: Job, episodes: list[dict]) -> None:
+        self.job, self.settings, self.episodes = job, jobs.job_settings(settings, job), episodes
+        self.held: list[list[set[int]]] = []
+        self.published = False
+
+    async def runtimes(self, fleets: dict[str, Fleet]) -> list[StageRuntime]:
+        name = self.job["name"]
+        runtimes = [f.served[name].runtime for f in (fleets["run"], fleets["run too"])
+                    if name in f.served]
+        self.held.append(sorted((set(r.loop.held.progress) for r in runtimes), key=sorted))
+        if not self.published and self.held[-1] == [{0}, {1}]:  # split: the work goes in
+            await asyncio.to_thread(publish, self.settings, self.episodes)
+            self.published = True
+        return runtimes
+
+    async def finished(self) -> bool:
+        return await all_have(self.settings, [self.settings.topics.trajectories],
+                              len(self.episodes))
+
+
 def test_the_turn_quota_holds_over_the_fleet_not_in_each_process(settings: Settings,
                                                                  make_jobs) -> None:
     """Two RUN processes serving the job (one of its two partitions each) pace its turns
     together at the quota, each at half of it: each at the whole quota, they sampled twice it."""
-    paced = make_jobs("paced", quota_turns_per_s=5.0)
     per_job, turns = 8, 4
-    job_settings = jobs.job_settings(settings, paced)
-    held: list[list[set[int]]] = []
+    split = SplitJob(settings, make_jobs("paced", quota_turns_per_s=5.0),
+                     guesses("paced", per_job, turns))
 
     async def finished(fleets: dict[str, Fleet]) -> bool:
-        runtimes = [f.served["paced"].runtime for f in (fleets["run"], fleets["run too"])
-                    if "paced" in f.served]
-        held.append(sorted((set(r.loop.held.progress) for r in runtimes), key=sorted))
-        if not published and held[-1] == [{0}, {1}]:  # split between them: the work goes in
-            await asyncio.to_thread(publish, job_settings, guesses("paced", per_job, turns))
-            published.append(True)
-        return await all_have(settings, [job_settings.topics.trajectories], per_job)
-
-    published: list[bool] = []
+        await split.runtimes(fleets)
+        return await split.finished()
 
     asyncio.run(serving(settings, INIT | RUN | {"run too": RUN["run"]}, finished))
     starts = sorted(turn["started_at_ms"]
-                    for trajectory in trajectories(settings, job_settings.topics.trajectories)
+                    for trajectory in trajectories(settings, split.settings.topics.trajectories)
                     for turn in trajectory["turns"])
     n = per_job * turns
     assert len(starts) == n
-    assert held[-1] == [{0}, {1}], held[-1]  # both took part to the end
+    assert split.held[-1] == [{0}, {1}], split.held[-1]  # both took part to the end
     # Each process's bucket holds one token: n turns take at least (n - 2) / quota seconds.
     span_s = (starts[-1] - starts[0]) / 1000
     assert span_s >= (n - 2) / 5.0 - 0.01, (span_s, starts)
@@ -254,33 +271,25 @@ def test_the_episode_quota_holds_over_the_fleet_not_in_each_process(settings: Se
                                                                     make_jobs) -> None:
     """Two RUN processes serving a job with servers of its own (one of its two partitions each)
     keep its quota_episodes=2 together, one each: each at the whole quota, they would hold 4."""
-    per_job = 16
-    most, held = [0], []
+    most = [0]
 
     async def main() -> None:
         own = SimulatedServer(step_s=lambda running: 0.05)  # episodes long enough to overlap
         job = make_jobs("own", policy_urls=[await own.start()], quota_episodes=2)
-        job_settings = jobs.job_settings(settings, job)
+        split = SplitJob(settings, job, guesses("own", 16, turns=4))
 
         async def finished(fleets: dict[str, Fleet]) -> bool:
-            runtimes = [f.served["own"].runtime for f in (fleets["run"], fleets["run too"])
-                        if "own" in f.served]
-            held.append(sorted((set(r.loop.held.progress) for r in runtimes), key=sorted))
-            if not published and held[-1] == [{0}, {1}]:  # split between them: work goes in
-                await asyncio.to_thread(publish, job_settings, guesses("own", per_job, turns=4))
-                published.append(True)
-            most[0] = max(most[0], sum(r.in_flight for r in runtimes))
-            return await all_have(settings, [job_settings.topics.trajectories], per_job)
+            most[0] = max(most[0], sum(r.in_flight for r in await split.runtimes(fleets)))
+            return await split.finished()
 
-        published: list[bool] = []
         run = {"run": lambda s, job, share, router: RunStage(s)}
         try:
             await serving(settings, INIT | run | {"run too": run["run"]}, finished)
         finally:
             await own.stop()
+        assert split.held[-1] == [{0}, {1}], split.held[-1]  # both took part to the end
 
     asyncio.run(main())
-    assert held[-1] == [{0}, {1}], held[-1]  # both took part to the end
     assert most[0] == 2, most[0]
 
 
