@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test-venv broker-jars deps harness-deps swebench-deps vllm-deps trainer-deps \
+.PHONY: venv test-venv bytecode broker-jars deps harness-deps swebench-deps vllm-deps trainer-deps \
 	helm-deps slurm-deps java-example test demo \
 	bench lint broker-start broker-stop broker-status images
 
@@ -12,7 +12,10 @@ STAMP := $(VENV)/.installed
 # benchmarks add the test extras. Reinstall only when pyproject.toml changes. uv installs them:
 # with an empty cache (a fresh machine) it set up the package's dependencies, torch's 3 GB
 # among them, in 90 s where pip took 391 s, the two measured side by side; its cache then
-# serves repeated installs as pip's did.
+# serves repeated installs as pip's did. It also compiles every module to bytecode at install
+# (--compile-bytecode): where PYTHONDONTWRITEBYTECODE is set, as on this project's machines, no
+# process writes it, and each one otherwise compiled every module it imported, every time
+# (torch's import took 4.8 s of CPU instead of 2.1). Sandboxes share the virtualenv read-only.
 CORE_STAMP := $(VENV)/.installed-core
 UV := $(BIN)/uv
 venv: $(CORE_STAMP)
@@ -23,12 +26,18 @@ $(UV):
 	$(BIN)/pip install -q uv
 
 $(CORE_STAMP): pyproject.toml | $(UV)
-	$(UV) pip install -q --python $(BIN)/python -e .
+	$(UV) pip install -q --compile-bytecode --python $(BIN)/python -e .
 	touch $@
 
 $(STAMP): $(CORE_STAMP)
-	$(UV) pip install -q --python $(BIN)/python -e '.[test]'
+	$(UV) pip install -q --compile-bytecode --python $(BIN)/python -e '.[test]'
 	touch $@
+
+# The project's own modules are not in site-packages: compiled here, before each demo, test or
+# bench run, again only where a source changed (0.08 s of CPU less for each of the many
+# processes a run starts).
+bytecode: venv
+	$(BIN)/python -m compileall -q -j0 rollstream stages producers trainer_bridge
 
 # The bundled broker's jars (Maven's cache serves them again); a no-op once they are there.
 broker-jars: venv
@@ -166,17 +175,17 @@ DIST := --dist loadfile --no-loadscope-reorder
 
 # The trainer adapters' tests run in a session of their own: they put the pinned trainers'
 # newer huggingface_hub and click first on the path, which must not leak into other tests.
-test: test-venv deps images
+test: test-venv deps images bytecode
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) $(DIST) -m "not trainers"
 	PYTHONPATH=$(TRAINERS_DIR) $(BIN)/python -m pytest -q -n $(TRAINER_TEST_WORKERS) \
 		$(DIST) -m trainers
 
 # The demo installs only what it uses, the package and the broker's jars: no sandboxes, no
 # Docker engine, no harnesses.
-demo: venv broker-jars
+demo: venv broker-jars bytecode
 	$(BIN)/rollstream demo
 
-bench: test-venv deps
+bench: test-venv deps bytecode
 	$(BIN)/python -m benchmarks
 
 lint: test-venv
