@@ -199,12 +199,17 @@ def test_run_waits_out_a_paused_0_33_server_without_an_infra_failure(
                 async with session.post(url + "/pause", params={"mode": "wait"}) as r:
                     assert r.status == 200
 
-                async def resume_later() -> None:
-                    await asyncio.sleep(1.5)
+                async def resume_after_a_refusal() -> None:
+                    # A second after the first 503, ten times the retry budget: a fixed delay from
+                    # the start ran out before a loaded machine's RUN sent its first request.
+                    async with asyncio.timeout(60):
+                        while server.rejected == 0:
+                            await asyncio.sleep(0.05)
+                    await asyncio.sleep(1.0)
                     async with session.post(url + "/resume") as r:
                         assert r.status == 200
 
-                resumer = asyncio.create_task(resume_later())
+                resumer = asyncio.create_task(resume_after_a_refusal())
                 trajectories, _ = await play(run_settings([url]), guess_episodes(4, max_turns=2))
                 await resumer
                 return trajectories
