@@ -162,12 +162,12 @@ $(JAVA_EXAMPLE): scripts/java-example.sh examples/java/pom.xml $(shell find exam
 images: deps
 	./scripts/local-images.sh
 
-# The workers share one broker (tests/conftest.py); most tests wait on processes and the broker,
-# so more workers than cores overlap well: on a loaded machine three finished the main session
-# in 1080 s where two took 1571 s; on a calm one four took 693 s where three took 746 s, but in
-# two fresh-clone CI runs four took 832 s and three 806 s (one run each: not a proven gain).
-# TEST_WORKERS=0 runs the suite in one process.
-TEST_WORKERS ?= 4
+# The workers share one broker (tests/conftest.py); many tests wait on processes and the broker,
+# so more workers than cores overlap well. With four, the 2 cores were busy for the first 330 s
+# of a 564 s main session, then about half idle while the last files, mostly waiting, ran; six
+# kept them busy to the end and took 461 s (574 s beside a CPU hog). TEST_WORKERS=0 runs the
+# suite in one process.
+TEST_WORKERS ?= 6
 # The trainer adapters' tests train on the CPU: two workers took 99-106 s, three 156 s.
 TRAINER_TEST_WORKERS ?= 2
 # Whole files to a worker (module fixtures start once), the heaviest first (tests/conftest.py).
