@@ -201,10 +201,12 @@ def test_run_waits_out_a_paused_0_33_server_without_an_infra_failure(
 
                 async def resume_after_a_refusal() -> None:
                     # A second after the first 503, ten times the retry budget: a fixed delay from
-                    # the start ran out before a loaded machine's RUN sent its first request.
-                    async with asyncio.timeout(60):
-                        while server.rejected == 0:
-                            await asyncio.sleep(0.05)
+                    # the start ran out before a loaded machine's RUN sent its first request. A
+                    # server that refuses nothing is resumed anyway and fails the assertion below.
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(30):
+                            while server.rejected == 0:
+                                await asyncio.sleep(0.05)
                     await asyncio.sleep(1.0)
                     async with session.post(url + "/resume") as r:
                         assert r.status == 200
