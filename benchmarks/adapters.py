@@ -27,8 +27,8 @@ from typing import Any
 from benchmarks import print_table, write_result
 from benchmarks.bridge import GROUP, scored_topic
 from rollstream.broker import local
+from rollstream.cluster.topics import delete_topics
 from rollstream.config import Settings
-from rollstream.topics import delete_topics
 
 NAME = "adapters"
 TARGET_RATIO = 0.5

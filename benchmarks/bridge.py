@@ -24,13 +24,13 @@ from typing import Any
 import numpy as np
 
 from benchmarks import print_table, write_result
-from rollstream import kafka
 from rollstream.broker import local
-from rollstream.codec import codec, pack_ids, pack_logprobs
+from rollstream.cluster import kafka
+from rollstream.cluster.topics import create_topics, delete_topics
 from rollstream.config import Settings, load
+from rollstream.contracts.codec import codec, pack_ids, pack_logprobs
+from rollstream.contracts.events import SCORED_TRAJECTORY
 from rollstream.dev.loop import LoopConfig
-from rollstream.events import SCORED_TRAJECTORY
-from rollstream.topics import create_topics, delete_topics
 
 NAME = "bridge"
 TARGET_RATIO = 10.0

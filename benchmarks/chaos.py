@@ -45,12 +45,12 @@ from typing import Any
 
 from benchmarks import print_table, write_result
 from producers.publish import publish, validate_task
-from rollstream import kafka
 from rollstream.broker import cluster, local
-from rollstream.codec import codec
+from rollstream.cluster import kafka
+from rollstream.cluster.topics import create_topics
 from rollstream.config import Settings, load
+from rollstream.contracts.codec import codec
 from rollstream.dev.processes import ProcessGroup, free_port, wait_http
-from rollstream.topics import create_topics
 
 NAME = "chaos"
 GROUP_SIZE = 4

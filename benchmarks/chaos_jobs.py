@@ -58,10 +58,10 @@ from benchmarks.chaos import (
     time_recoveries,
 )
 from producers.publish import publish
-from rollstream import jobs
 from rollstream.cli import main
 from rollstream.config import Settings, load
 from rollstream.dev.processes import wait_http
+from rollstream.service import jobs
 
 NAME = "chaos_jobs"
 JOBS = ("alpha", "beta")

@@ -32,7 +32,7 @@ from fastavro import parse_schema, schemaless_reader, schemaless_writer
 
 import schemas
 from benchmarks import percentiles_ms, print_table, write_result
-from rollstream.codec import (
+from rollstream.contracts.codec import (
     HEADER_LEN,
     MAGIC,
     codec,

@@ -1,8 +1,8 @@
 """Jobs on one shared fleet: weighted fair share of the inference servers' slots, measured from
 the log, in one run on the real broker.
 
-A RUN fleet (rollstream.fleet, in this process, as `rollstream fleet run` builds it) serves the
-jobs of a fresh cluster prefix against simulated servers (rollstream.dev.simulated) that answer
+A RUN fleet (rollstream.service.fleet, in this process, as `rollstream fleet run` builds it) serves
+the jobs of a fresh cluster prefix against simulated servers (rollstream.dev.simulated) that answer
 every turn after a fixed delay (`TOKENS` decode steps of `STEP_S`, whatever the concurrency), up
 to `SLOTS` episodes per server. Episodes (one `arithmetic` turn each) go straight to each job's
 episodes topic, stamped with their publish time (INIT is not what this measures). Everything is
@@ -38,16 +38,17 @@ from typing import Any
 
 from benchmarks import print_table, write_result
 from producers.publish import validate_task
-from rollstream import jobs, kafka
 from rollstream.broker import local
-from rollstream.codec import codec
+from rollstream.cluster import kafka
+from rollstream.cluster.topics import create_topics, delete_topics
 from rollstream.config import Settings, load
+from rollstream.contracts.codec import codec
+from rollstream.contracts.events import Job
 from rollstream.dev.simulated import SimulatedServer
-from rollstream.events import Job
-from rollstream.fleet import Fleet
 from rollstream.inference.routing import Router
 from rollstream.runtime import Stage
-from rollstream.topics import create_topics, delete_topics
+from rollstream.service import jobs
+from rollstream.service.fleet import Fleet
 from stages.run import RunStage
 
 NAME = "fairshare"

@@ -25,8 +25,8 @@ from typing import Any
 import aiohttp
 
 from benchmarks import percentiles_ms, print_table, write_result
-from rollstream.codec import codec, unpack_ids
 from rollstream.config import Settings
+from rollstream.contracts.codec import codec, unpack_ids
 from rollstream.dev.background import BackgroundServer
 from rollstream.dev.scripted import Script, create_app
 from rollstream.envs.swe.tool_calls import ToolCall, hermes

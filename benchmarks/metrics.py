@@ -43,11 +43,11 @@ from benchmarks.passthrough import (
     output_reader,
     prefill,
 )
-from rollstream import metrics
 from rollstream.broker import local
+from rollstream.cluster.topics import create_topics, delete_topics
 from rollstream.config import load
 from rollstream.dev.processes import free_port
-from rollstream.topics import create_topics, delete_topics
+from rollstream.telemetry import metrics
 
 NAME = "metrics"
 TARGET_RATIO = 1.05

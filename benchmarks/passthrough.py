@@ -40,13 +40,13 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, Producer, Topic
 from confluent_kafka.admin import AdminClient
 
 from benchmarks import percentiles_ms, print_table, write_result
-from rollstream import kafka
 from rollstream.broker import local
-from rollstream.codec import codec
+from rollstream.cluster import kafka
+from rollstream.cluster.topics import create_topics, delete_topics
 from rollstream.config import Settings, load
-from rollstream.events import TASK
+from rollstream.contracts.codec import codec
+from rollstream.contracts.events import TASK
 from rollstream.runtime import EventContext, Output, Stage, StageRuntime
-from rollstream.topics import create_topics, delete_topics
 
 NAME = "passthrough"
 PARTITIONS = 4

@@ -36,14 +36,14 @@ from confluent_kafka import TopicPartition
 
 from benchmarks import print_table, write_result
 from producers.publish import validate_task
-from rollstream import kafka
 from rollstream.broker.local import resolve_bootstrap
-from rollstream.codec import codec
+from rollstream.cluster import kafka
+from rollstream.cluster.topics import create_topics, delete_topics
 from rollstream.config import Settings, load
+from rollstream.contracts.codec import codec
 from rollstream.dev.simulated import Fleet, SimulatedServer
 from rollstream.envs import registry
 from rollstream.envs.base import Environment, Score, StepResult
-from rollstream.topics import create_topics, delete_topics
 
 NAME = "scaling"
 PARTITIONS = 16

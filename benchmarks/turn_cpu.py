@@ -27,14 +27,14 @@ from typing import Any
 from unittest import mock
 
 from benchmarks import print_table, write_result
-from rollstream.codec import codec
 from rollstream.config import Settings
 from rollstream.consume.records import Output
+from rollstream.contracts.codec import codec
+from rollstream.contracts.wire import lora_name
 from rollstream.dev.simulated import SimulatedServer
 from rollstream.envs import registry
 from rollstream.envs.base import Environment, Score, StepResult
 from rollstream.runtime import EventContext
-from rollstream.wire import lora_name
 from stages.run import RunStage
 
 NAME = "turn_cpu"

@@ -16,12 +16,12 @@ from typing import Any
 from fastavro.validation import ValidationError, validate
 
 from rollstream.bounds import check_task
-from rollstream.codec import codec
+from rollstream.cluster.kafka import process_id, produce, transaction, transactional_producer
 from rollstream.config import Settings
+from rollstream.contracts.codec import codec
+from rollstream.contracts.events import TASK
 from rollstream.envs.registry import UnknownEnv, get_env
 from rollstream.envs.swe import sources as swe_sources
-from rollstream.events import TASK
-from rollstream.kafka import process_id, produce, transaction, transactional_producer
 
 
 class TaskFileError(ValueError):

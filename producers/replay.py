@@ -25,10 +25,7 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, ConfigResource, ConfigSource, NewTopic
 
-from rollstream.codec import DecodeError, codec, unpack_ids, unpack_logprobs
-from rollstream.config import Settings
-from rollstream.events import POLICY_VERSION, SCORED_TRAJECTORY, TRAJECTORY
-from rollstream.kafka import (
+from rollstream.cluster.kafka import (
     consumer,
     process_id,
     produce,
@@ -38,6 +35,9 @@ from rollstream.kafka import (
     transactional_producer,
     watermarks,
 )
+from rollstream.config import Settings
+from rollstream.contracts.codec import DecodeError, codec, unpack_ids, unpack_logprobs
+from rollstream.contracts.events import POLICY_VERSION, SCORED_TRAJECTORY, TRAJECTORY
 
 # read_partitions' deadline for reaching the end of every partition: generous, since a replay may
 # cover days of trajectories.

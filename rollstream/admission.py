@@ -38,10 +38,10 @@ from collections import deque
 
 from confluent_kafka import KafkaException, TopicPartition
 
-from rollstream import kafka
+from rollstream.cluster import kafka
 from rollstream.config import Settings
+from rollstream.contracts.events import PolicyVersion
 from rollstream.dedup import RecentIds
-from rollstream.events import PolicyVersion
 from rollstream.policy_versions import PolicyReader
 
 # The PolicyVersion metric in which the trainer (trainer_bridge.train_loop) reports the groups

@@ -14,11 +14,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from rollstream.codec import codec
+from rollstream.cluster.topics import TOPIC_SPECS
 from rollstream.config import Settings
-from rollstream.events import EPISODE
+from rollstream.contracts.codec import codec
+from rollstream.contracts.events import EPISODE
 from rollstream.runtime import InvalidEvent
-from rollstream.topics import TOPIC_SPECS
 
 INT32_MAX = 2**31 - 1
 # Kafka's record batch header plus one record's framing, rounded up.

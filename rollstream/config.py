@@ -22,8 +22,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rollstream.graph import Topics
-from rollstream.wire import check_adapter
+from rollstream.contracts.graph import Topics
+from rollstream.contracts.wire import check_adapter
 
 if TYPE_CHECKING:
     from rollstream.sandbox.settings import SandboxSettings

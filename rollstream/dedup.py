@@ -24,7 +24,7 @@ from collections import OrderedDict
 
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
-from rollstream import kafka
+from rollstream.cluster import kafka
 from rollstream.config import Settings
 from rollstream.runtime import Output
 

@@ -16,12 +16,12 @@ from collections.abc import Iterable
 
 from confluent_kafka import OFFSET_BEGINNING, Message, TopicPartition
 
-from rollstream import kafka
-from rollstream.codec import DecodeError, codec
+from rollstream.cluster import kafka
+from rollstream.cluster.follower import Follower
 from rollstream.config import Settings
-from rollstream.events import POLICY_VERSION, PolicyVersion
-from rollstream.follower import Follower
-from rollstream.graph import BY_ATTR, partition_count
+from rollstream.contracts.codec import DecodeError, codec
+from rollstream.contracts.events import POLICY_VERSION, PolicyVersion
+from rollstream.contracts.graph import BY_ATTR, partition_count
 
 log = logging.getLogger(__name__)
 

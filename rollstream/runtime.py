@@ -19,15 +19,15 @@ from the shared consume loop (rollstream/consume/) and produces its outputs ther
 - events that cannot be decoded or are invalid go to the dead-letter topic with their reason
   and source coordinates, in the same transaction; the stage keeps going; poison outputs
   cannot stop a partition (rollstream/consume/deadletters.py);
-- the transaction is `rollstream.transaction.Checkpoint`, which classifies every Kafka error:
-  retriable ones are retried (bounded), abortable ones abort, fenced or fatal ones rebuild the
-  producer; either way the runtime rewinds to the committed offsets and redoes what was not
+- the transaction is `rollstream.cluster.transaction.Checkpoint`, which classifies every Kafka
+  error: retriable ones are retried (bounded), abortable ones abort, fenced or fatal ones rebuild
+  the producer; either way the runtime rewinds to the committed offsets and redoes what was not
   committed. A consumer that hits a fatal error is rebuilt and rejoins
   (rollstream/consume/loop.py);
 - SIGTERM/SIGINT: a graceful stop, bounded (rollstream/consume/stopping.py);
 - several runtimes may share one process and one event loop (`shared=True`: a fleet serving
-  many jobs, rollstream/fleet.py): the owner of the loop then handles the signals, and an idle
-  runtime waits by yielding to the loop instead of in a blocking poll;
+  many jobs, rollstream/service/fleet.py): the owner of the loop then handles the signals, and an
+  idle runtime waits by yielding to the loop instead of in a blocking poll;
 - a commit, and the new producer after a failed transaction, wait on the cluster without
   holding the event loop up (ConsumeLoop.commit_async): the other runtimes on the loop, and
   this one's own async events, go on meanwhile. What this runtime's events emit then (RUN's
@@ -52,16 +52,8 @@ from typing import Any, ClassVar
 
 from confluent_kafka import Message
 
-from rollstream.codec import DecodeError, codec
-from rollstream.config import Settings, Topics
-from rollstream.consume.commit import CommitClock
-from rollstream.consume.deadletters import Encoder, dead_letter
-from rollstream.consume.loop import ConsumeLoop
-from rollstream.consume.records import InvalidEvent, Output, OutputTooLarge
-from rollstream.consume.restores import Restores
-from rollstream.consume.stopping import Stopping
-from rollstream.offsets import PartitionProgress
-from rollstream.transaction import (
+from rollstream.cluster.offsets import PartitionProgress
+from rollstream.cluster.transaction import (
     IdInUse,
     Interrupt,
     RecordRefused,
@@ -69,6 +61,14 @@ from rollstream.transaction import (
     Stopped,
     finish_async,
 )
+from rollstream.config import Settings, Topics
+from rollstream.consume.commit import CommitClock
+from rollstream.consume.deadletters import Encoder, dead_letter
+from rollstream.consume.loop import ConsumeLoop
+from rollstream.consume.records import InvalidEvent, Output, OutputTooLarge
+from rollstream.consume.restores import Restores
+from rollstream.consume.stopping import Stopping
+from rollstream.contracts.codec import DecodeError, codec
 
 # Stages import these from here.
 __all__ = ["EventContext", "InvalidEvent", "Output", "OutputTooLarge", "Stage", "StageRuntime",

@@ -29,8 +29,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from rollstream import metrics, quotas
-from rollstream.codec import pack_ids, pack_logprobs, unpack_ids
+from rollstream.contracts.codec import pack_ids, pack_logprobs, unpack_ids
 from rollstream.envs.base import StepResult
 from rollstream.inference.chat import ChatTemplate
 from rollstream.inference.client import (
@@ -44,6 +43,8 @@ from rollstream.inference.client import (
 from rollstream.inference.detokenize import served_text
 from rollstream.inference.routing import NoServer, Router
 from rollstream.runtime import EventContext
+from rollstream.service import quotas
+from rollstream.telemetry import metrics
 
 log = logging.getLogger("rollstream.turns")
 

@@ -2,8 +2,8 @@
 
 vLLM does not say which weights produced a response. Loaded with
 `vllm serve ... --middleware rollstream.vllm_middleware.PolicyVersionMiddleware` (this file and
-`rollstream.wire` need only the standard library, so they can be mounted into the vLLM image),
-every /v1/completions response carries `X-Rollstream-Policy-Version`, as the embedded policy
+`rollstream.contracts.wire` need only the standard library, so they can be mounted into the vLLM
+image), every /v1/completions response carries `X-Rollstream-Policy-Version`, as the embedded policy
 server's do, and `POST /rollstream/policy_version {"version": N | null}` sets it (GET reads it).
 
 For vLLM releases without weight labels (0.12). vLLM 0.33 labels responses itself
@@ -27,7 +27,7 @@ import os
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from rollstream.wire import POLICY_VERSION_HEADER, VERSION_PATH
+from rollstream.contracts.wire import POLICY_VERSION_HEADER, VERSION_PATH
 
 HEADER = POLICY_VERSION_HEADER.lower().encode()  # ASGI header names are lowercase bytes
 STAMPED_PATHS = ("/v1/completions", "/v1/chat/completions")

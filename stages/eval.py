@@ -10,13 +10,13 @@ import json
 import time
 from collections.abc import Callable
 
-from rollstream import metrics
 from rollstream.config import Settings
+from rollstream.contracts.events import SCORED_TRAJECTORY, TRAJECTORY
 from rollstream.dedup import SeenIds
 from rollstream.envs.base import termination_score
 from rollstream.envs.registry import UnknownEnv, get_env
-from rollstream.events import SCORED_TRAJECTORY, TRAJECTORY
 from rollstream.runtime import EventContext, InvalidEvent, Output, Stage
+from rollstream.telemetry import metrics
 
 
 class EvalStage(Stage):
@@ -25,7 +25,7 @@ class EvalStage(Stage):
 
     def __init__(self, settings: Settings, share: Callable[[], int] | None = None) -> None:
         """`share`: how many more trajectories this stage may score now (a fleet's fair share
-        of its sandboxes, rollstream.fairshare); None: no bound beyond --max-in-flight."""
+        of its sandboxes, rollstream.service.fairshare); None: no bound beyond --max-in-flight."""
         super().__init__(settings)
         self.share = share
         self.seen = SeenIds(settings, self.name)  # each episode scored once (rollstream.dedup)

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import time
 
-from rollstream import quotas
 from rollstream.admission import AdmissionGate
 from rollstream.bounds import check_task, show_id
 from rollstream.config import Settings
+from rollstream.contracts.events import EPISODE, TASK
 from rollstream.dedup import SeenIds
 from rollstream.envs.base import InvalidTask
 from rollstream.envs.registry import UnknownEnv, get_env
-from rollstream.events import EPISODE, TASK
 from rollstream.runtime import EventContext, InvalidEvent, Output, Stage
+from rollstream.service import quotas
 
 
 def episode_id(task_id: str, sample_index: int) -> str:

@@ -29,13 +29,13 @@ from collections.abc import Awaitable, Callable
 
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
-from rollstream import kafka
 from rollstream.bounds import check_episode
-from rollstream.codec import codec
+from rollstream.cluster import kafka
 from rollstream.config import Settings
+from rollstream.contracts.codec import codec
+from rollstream.contracts.events import EPISODE, TRAJECTORY
 from rollstream.envs.base import Environment
 from rollstream.envs.registry import UnknownEnv, get_env
-from rollstream.events import EPISODE, TRAJECTORY
 from rollstream.gateway.server import Gateway
 from rollstream.inference.chat import ChatTemplate, EmbeddedChatTemplate
 from rollstream.inference.routing import Router
@@ -79,7 +79,7 @@ class RunStage(Stage):
         """`router`: inference servers shared with other RUN stages in this process (a fleet's
         jobs; the caller starts and closes it), else this stage's own from its settings;
         `share`: how many more episodes this stage may start now (a fleet's fair share of the
-        shared servers, rollstream.fairshare), else what room the servers have."""
+        shared servers, rollstream.service.fairshare), else what room the servers have."""
         super().__init__(settings)
         self.template: ChatTemplate = template or self._template(settings)
         self.router = router

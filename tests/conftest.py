@@ -22,8 +22,8 @@ import pytest
 
 from rollstream.broker import local
 from rollstream.broker.secure import Material
+from rollstream.cluster.topics import create_topics, delete_topics
 from rollstream.config import Settings, Topics, load
-from rollstream.topics import create_topics, delete_topics
 from tests.helpers import vllm_server
 from tests.helpers.secure_helpers import secured_broker
 

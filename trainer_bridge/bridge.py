@@ -2,17 +2,17 @@
 
 Offsets are committed only when the trainer acknowledges a batch. Samples of one group arrive
 on different partitions and out of order, so each partition's commit is its lowest unacknowledged
-offset, and acknowledged offsets above it travel in the commit metadata (rollstream/offsets.py).
-`Batch.ack(outputs)` commits the offsets and the trainer's outputs (its PolicyVersion event) in
-one Kafka transaction. The bridge runs on the stage runtime's consume loop
-(rollstream/consume/loop.py): the same assignment, loss, rebuild of a failed consumer, group
+offset, and acknowledged offsets above it travel in the commit metadata
+(rollstream/cluster/offsets.py). `Batch.ack(outputs)` commits the offsets and the trainer's outputs
+(its PolicyVersion event) in one Kafka transaction. The bridge runs on the stage runtime's consume
+loop (rollstream/consume/loop.py): the same assignment, loss, rebuild of a failed consumer, group
 served while a commit waits on the cluster, and exactly-once checkpoint (retriable errors
 retried, bounded; abortable ones aborted; a fenced or failed producer dropped and rebuilt). A
 trainer restarted from the last committed PolicyVersion sees exactly the batches that version
 was not trained on, so none is lost and none is trained twice.
 
 When an ack could not commit (aborted, fenced), or the partitions of the batch it acknowledges
-were revoked or lost since it was handed out, it raises `rollstream.transaction.Rewind`: the
+were revoked or lost since it was handed out, it raises `rollstream.cluster.transaction.Rewind`: the
 trainer's state now includes batches that are not committed, so the trainer must go back to the
 last committed PolicyVersion and open a new bridge (trainer_bridge/train_loop.py does this).
 Between batches, the bridge rides out lost partitions and failed consumers by itself.
@@ -29,15 +29,15 @@ from dataclasses import dataclass, field
 
 from confluent_kafka import Message
 
-from rollstream.codec import DecodeError, codec
+from rollstream.cluster.offsets import PartitionProgress
+from rollstream.cluster.transaction import Rewind
 from rollstream.config import Settings
 from rollstream.consume.deadletters import Encoder, dead_letter
 from rollstream.consume.loop import ConsumeLoop
 from rollstream.consume.records import Output
-from rollstream.events import SCORED_TRAJECTORY
-from rollstream.graph import BRIDGE
-from rollstream.offsets import PartitionProgress
-from rollstream.transaction import Rewind
+from rollstream.contracts.codec import DecodeError, codec
+from rollstream.contracts.events import SCORED_TRAJECTORY
+from rollstream.contracts.graph import BRIDGE
 from trainer_bridge.groups import Group, GroupAssembler, GroupPolicy, Sample
 
 log = logging.getLogger("rollstream.bridge")

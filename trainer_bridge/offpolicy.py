@@ -18,7 +18,7 @@ import torch
 
 from producers.replay import replay
 from rollstream.config import Settings
-from rollstream.events import SCORED_TRAJECTORY
+from rollstream.contracts.events import SCORED_TRAJECTORY
 from trainer_bridge.bridge import Batch, TrainerBridge
 from trainer_bridge.tensors import TensorBatch
 

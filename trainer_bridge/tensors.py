@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from rollstream.codec import unpack_ids, unpack_logprobs
+from rollstream.contracts.codec import unpack_ids, unpack_logprobs
 from trainer_bridge.groups import Sample
 
 PAD_ID = 0

@@ -7,8 +7,8 @@ the bridge hands it exactly the batches that version was not trained on: no batc
 is trained twice. Adam's moments are not checkpointed; a restart begins them anew.
 
 The same happens inside a running trainer when a step's commit fails (aborted, fenced, the
-bridge's partitions lost; `rollstream.transaction.Rewind`): the in-memory model has learned from
-a batch that is not committed, so the trainer reloads the newest committed version and opens a
+bridge's partitions lost; `rollstream.cluster.transaction.Rewind`): the in-memory model has learned
+from a batch that is not committed, so the trainer reloads the newest committed version and opens a
 new bridge, which hands that batch out again.
 """
 
@@ -20,12 +20,13 @@ from pathlib import Path
 
 import torch
 
-from rollstream import metrics, policy_versions
+from rollstream import policy_versions
 from rollstream.admission import CONSUMED
+from rollstream.cluster.transaction import Rewind
 from rollstream.config import Settings
-from rollstream.events import POLICY_VERSION
+from rollstream.contracts.events import POLICY_VERSION
 from rollstream.runtime import Output
-from rollstream.transaction import Rewind
+from rollstream.telemetry import metrics
 from trainer_bridge.bridge import TrainerBridge
 from trainer_bridge.groups import GroupPolicy
 from trainer_bridge.trainer import GRPOConfig, GRPOTrainer, HFPolicy, TinyPolicy

@@ -36,7 +36,7 @@ from unittest import mock
 
 from rollstream.broker import secure
 from rollstream.config import Settings
-from rollstream.wire import MAX_MESSAGE_BYTES
+from rollstream.contracts.wire import MAX_MESSAGE_BYTES
 
 HOME_ENV = "ROLLSTREAM_HOME"
 HEAP_ENV = "ROLLSTREAM_BROKER_HEAP"

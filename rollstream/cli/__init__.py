@@ -73,11 +73,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run one command. A Kafka failure ends it with one line naming the cause and an exit code
-    (rollstream.kafka_errors), never a traceback."""
+    (rollstream.cluster.kafka_errors), never a traceback."""
     from confluent_kafka import KafkaException
 
     from rollstream.broker.local import BrokerError
-    from rollstream.kafka_errors import AccessDenied, KafkaProblem, problem
+    from rollstream.cluster.kafka_errors import AccessDenied, KafkaProblem, problem
 
     args = build_parser().parse_args(argv)
     try:

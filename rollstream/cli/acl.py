@@ -13,7 +13,7 @@ from rollstream.config import Settings
 
 
 def register_cli(sub: argparse._SubParsersAction) -> None:
-    from rollstream.acl import ROLES  # one table of roles: the ACLs and what each is for
+    from rollstream.cluster.acl import ROLES  # one table of roles: the ACLs and what each is for
 
     parser = sub.add_parser(
         "acl", help="grant a principal what a pipeline on one prefix needs (secured clusters)",
@@ -54,7 +54,7 @@ def _admin(args: argparse.Namespace) -> tuple[Any, Settings]:
 
 
 def run_grant(args: argparse.Namespace) -> int:
-    from rollstream import acl
+    from rollstream.cluster import acl
 
     prefix = args.acl_prefix or config.load(args).prefix
     if args.dry_run:
@@ -68,7 +68,7 @@ def run_grant(args: argparse.Namespace) -> int:
 
 
 def run_revoke(args: argparse.Namespace) -> int:
-    from rollstream import acl
+    from rollstream.cluster import acl
 
     admin, settings = _admin(args)
     prefix = args.acl_prefix or settings.prefix
@@ -78,7 +78,7 @@ def run_revoke(args: argparse.Namespace) -> int:
 
 
 def run_list(args: argparse.Namespace) -> int:
-    from rollstream import acl
+    from rollstream.cluster import acl
 
     admin, settings = _admin(args)
     for line in acl.listed(admin, args.principal, settings.timeout_s):
@@ -87,7 +87,7 @@ def run_list(args: argparse.Namespace) -> int:
 
 
 def run_user(args: argparse.Namespace) -> int:
-    from rollstream import acl
+    from rollstream.cluster import acl
 
     password = (args.password_file.read_text() if args.password_file
                 else sys.stdin.readline()).strip()

@@ -10,7 +10,7 @@ import statistics
 
 from rollstream import config
 from rollstream.cli import common
-from rollstream.graph import PRINTER
+from rollstream.contracts.graph import PRINTER
 
 
 def register_cli(sub: argparse._SubParsersAction) -> None:
@@ -43,7 +43,7 @@ def batch_summary(batch) -> dict:
 
 
 def run_bridge(args: argparse.Namespace) -> int:
-    from rollstream.transaction import Rewind
+    from rollstream.cluster.transaction import Rewind
     from trainer_bridge.bridge import TrainerBridge
 
     settings = common.start_service(args, parts=("bridge",))

@@ -12,16 +12,18 @@ from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import replace
 from typing import Any
 
-from rollstream import config, health, jobs, metrics
-from rollstream.config import Settings
-from rollstream.events import Job
-from rollstream.kafka_errors import (
+from rollstream import config
+from rollstream.cluster.kafka_errors import (
     EX_CONFIG,
     EX_NOPERM,
     AccessDenied,
     KafkaProblem,
     check_broker,
 )
+from rollstream.config import Settings
+from rollstream.contracts.events import Job
+from rollstream.service import jobs
+from rollstream.telemetry import health, metrics
 
 NO_BROKER = ("no Kafka broker is configured: name one with --bootstrap-servers HOST:PORT, "
              "KAFKA_BOOTSTRAP_SERVERS, or bootstrap.servers in a client properties file "
@@ -102,9 +104,9 @@ def log_to_stderr() -> None:
 
 def start_service(args: argparse.Namespace, parts: Sequence[str] = ()) -> Settings:
     """A long-running process's start: logs to stderr, its settings, /metrics, /health and
-    /ready (on by default: see rollstream.metrics), and the broker reached: an unreachable one
-    is waited for (logged every few seconds, and /ready says so), refused credentials or TLS
-    trust stop the process (AccessDenied, exit 77).
+    /ready (on by default: see rollstream.telemetry.metrics), and the broker reached: an
+    unreachable one is waited for (logged every few seconds, and /ready says so), refused
+    credentials or TLS trust stop the process (AccessDenied, exit 77).
 
     `parts`: the readiness components the process reports once it runs (its consumer, say),
     unready from the start, so /ready never answers 200 with the broker alone reached."""

@@ -7,7 +7,7 @@ import json
 
 from rollstream import config
 from rollstream.cli import common
-from rollstream.dlq import dead_letters, decoded, redrive, redriven, select, summary
+from rollstream.ops.dlq import dead_letters, decoded, redrive, redriven, select, summary
 
 
 def register_cli(sub: argparse._SubParsersAction) -> None:

@@ -46,10 +46,10 @@ def _count(text: str) -> int:
 
 def run_fleet(args: argparse.Namespace) -> int:
     # Here, not at start-up: RUN pulls in aiohttp and the chat templates.
-    from rollstream.events import Job
-    from rollstream.fleet import Fleet
+    from rollstream.contracts.events import Job
     from rollstream.inference.routing import Router
     from rollstream.runtime import Stage
+    from rollstream.service.fleet import Fleet
     from stages.eval import EvalStage
     from stages.init import InitStage
     from stages.run import RunStage

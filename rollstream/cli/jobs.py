@@ -1,5 +1,5 @@
 """`rollstream jobs create|apply|list|show|pause|resume|cancel|delete`: the training jobs a
-shared fleet serves, as records on the cluster's compacted jobs topic (rollstream.jobs)."""
+shared fleet serves, as records on the cluster's compacted jobs topic (rollstream.service.jobs)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,12 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from rollstream import config, jobs, usage
+from rollstream import config
 from rollstream.cli import common
+from rollstream.cluster.topics import create_topics
 from rollstream.config import Settings
-from rollstream.events import Job
-from rollstream.topics import create_topics
+from rollstream.contracts.events import Job
+from rollstream.service import jobs, usage
 
 # The job fields `create` takes as flags: name -> (type, help).
 FIELD_FLAGS: dict[str, tuple[type, str]] = {

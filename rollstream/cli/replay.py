@@ -27,7 +27,7 @@ def parse_time_ms(text: str) -> int:
 
 def run_replay(args: argparse.Namespace) -> int:
     from producers.replay import replay
-    from rollstream.graph import GRAPH
+    from rollstream.contracts.graph import GRAPH
 
     # A topic of the graph named by its suffix is checked by name: a refusal then names it.
     suffix = [args.topic] if args.topic in {spec.suffix for spec in GRAPH} else []

@@ -7,8 +7,8 @@ import argparse
 from pathlib import Path
 
 import schemas
-from rollstream import schema_tools
-from rollstream.schema_tools import DEFAULT_DIR, TABLE, SchemaSet, check, export
+from rollstream.contracts import schema_tools
+from rollstream.contracts.schema_tools import DEFAULT_DIR, TABLE, SchemaSet, check, export
 
 
 def _check_cmd(args: argparse.Namespace) -> int:

@@ -6,9 +6,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from rollstream import config, metrics
+from rollstream import config
 from rollstream.cli import common
-from rollstream.kafka_errors import EX_CONFIG, KafkaProblem
+from rollstream.cluster.kafka_errors import EX_CONFIG, KafkaProblem
+from rollstream.telemetry import metrics
 
 
 def register_cli(sub: argparse._SubParsersAction) -> None:
@@ -33,8 +34,8 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from confluent_kafka.admin import AdminClient
 
-    from rollstream.analytics import build_app, declare_changelogs
-    from rollstream.security import UnsupportedSecurity, faust_credentials
+    from rollstream.cluster.security import UnsupportedSecurity, faust_credentials
+    from rollstream.ops.analytics import build_app, declare_changelogs
 
     try:
         import faust

@@ -6,9 +6,10 @@ import argparse
 import json
 import time
 
-from rollstream import config, health, metrics
+from rollstream import config
 from rollstream.cli import common
-from rollstream.status import Inspector, render
+from rollstream.ops.status import Inspector, render
+from rollstream.telemetry import health, metrics
 
 
 def register_cli(sub: argparse._SubParsersAction) -> None:

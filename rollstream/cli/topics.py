@@ -6,8 +6,8 @@ import argparse
 
 from rollstream import config
 from rollstream.cli import common
+from rollstream.cluster.topics import TOPIC_SPECS, create_topics, describe_topics
 from rollstream.config import Topics
-from rollstream.topics import TOPIC_SPECS, create_topics, describe_topics
 
 
 def _create(args: argparse.Namespace) -> int:

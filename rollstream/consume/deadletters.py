@@ -14,12 +14,12 @@ import time
 
 from confluent_kafka import Message
 
-from rollstream.codec import Codec
+from rollstream.cluster.topics import record_limits
+from rollstream.cluster.transaction import Checkpoint
 from rollstream.config import Settings, Topics
 from rollstream.consume.records import Output, OutputTooLarge
-from rollstream.events import DEAD_LETTER
-from rollstream.topics import record_limits
-from rollstream.transaction import Checkpoint
+from rollstream.contracts.codec import Codec
+from rollstream.contracts.events import DEAD_LETTER
 
 DEAD_LETTER_ROOM = 64 * 1024  # bytes kept free in a dead letter for everything but key and value
 

@@ -12,7 +12,7 @@ import contextlib
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-from rollstream.offsets import PartitionProgress, decode_done
+from rollstream.cluster.offsets import PartitionProgress, decode_done
 
 
 class Held:

@@ -7,8 +7,8 @@ What it does for whoever runs on it (the stage runtime, the trainer bridge):
 - revoked partitions: their in-flight work goes to the next owner, what finished is committed
   first; lost partitions (the session expired): dropped, nothing of them committed, and the
   rest redone from the last commit (a rewind);
-- one Kafka transaction (rollstream/transaction.py) holding the outputs and the input offsets;
-  while it waits on the cluster the loop serves the group (see `CommitInFlight`): the
+- one Kafka transaction (rollstream/cluster/transaction.py) holding the outputs and the input
+  offsets; while it waits on the cluster the loop serves the group (see `CommitInFlight`): the
   checkpoint hands back the calls it waits on and never calls back into the loop; an owner on
   an event loop commits with `commit_async`, which waits without holding the event loop up
   (the other runtimes of a fleet go on meanwhile);
@@ -30,13 +30,9 @@ from typing import Protocol
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from rollstream import health, kafka, metrics
-from rollstream.config import Settings
-from rollstream.consume.commit import CommitInFlight
-from rollstream.consume.deadletters import Poison
-from rollstream.consume.held import Held
-from rollstream.kafka_errors import raise_if_denied
-from rollstream.transaction import (
+from rollstream.cluster import kafka
+from rollstream.cluster.kafka_errors import raise_if_denied
+from rollstream.cluster.transaction import (
     CALL_TIMEOUT_S,
     Checkpoint,
     Deadline,
@@ -49,6 +45,11 @@ from rollstream.transaction import (
     finish,
     finish_async,
 )
+from rollstream.config import Settings
+from rollstream.consume.commit import CommitInFlight
+from rollstream.consume.deadletters import Poison
+from rollstream.consume.held import Held
+from rollstream.telemetry import health, metrics
 
 log = logging.getLogger("rollstream.consume")
 

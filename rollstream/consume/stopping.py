@@ -12,7 +12,7 @@ import contextlib
 import signal
 import time
 
-from rollstream.transaction import CALL_TIMEOUT_S, Deadline
+from rollstream.cluster.transaction import CALL_TIMEOUT_S, Deadline
 
 
 class Stopping:

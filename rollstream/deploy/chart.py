@@ -1,4 +1,4 @@
-"""The Helm chart's view of the topic graph, generated from rollstream/graph.py into
+"""The Helm chart's view of the topic graph, generated from rollstream/contracts/graph.py into
 deploy/helm/rollstream/graph.json: the chart's templates make a Strimzi KafkaTopic of every topic
 and a StatefulSet and KEDA ScaledObject of every stage from it, so a topic added to the graph
 cannot be forgotten there (a test fails until the file is written again).
@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rollstream.graph import GRAPH, STAGES, input_of
+from rollstream.contracts.graph import GRAPH, STAGES, input_of
 
 CHART = Path(__file__).resolve().parents[2] / "deploy" / "helm" / "rollstream"
 GRAPH_FILE = CHART / "graph.json"
@@ -25,7 +25,8 @@ def graph() -> dict[str, Any]:
     """Topics (suffix, fixed partitions or null: the chart's `partitions`, config) and the
     stages (consumer group suffix and input topic suffix)."""
     return {
-        "generated": "from rollstream/graph.py by python -m rollstream.deploy.chart; do not edit",
+        "generated": ("from rollstream/contracts/graph.py by python -m rollstream.deploy.chart;"
+                      " do not edit"),
         "topics": [{"suffix": t.suffix, "partitions": t.partitions, "config": dict(t.config)}
                    for t in GRAPH],
         "stages": {s: {"group": s, "input": input_of(s).suffix} for s in STAGES},
@@ -44,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     text = render()
     if args.check:
         if not GRAPH_FILE.exists() or GRAPH_FILE.read_text() != text:
-            print(f"{GRAPH_FILE.name} differs from rollstream/graph.py: run "
+            print(f"{GRAPH_FILE.name} differs from rollstream/contracts/graph.py: run "
                   "python -m rollstream.deploy.chart", file=sys.stderr)
             return 1
         return 0

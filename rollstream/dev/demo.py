@@ -29,8 +29,8 @@ def run_demo(args: argparse.Namespace) -> int:
 
     from producers.publish import publish
     from rollstream.broker import local
+    from rollstream.cluster.topics import create_topics, delete_topics
     from rollstream.dev.loop import ClosedLoop
-    from rollstream.topics import create_topics, delete_topics
 
     console = Console()
     run_id = uuid.uuid4().hex[:6]

@@ -18,13 +18,13 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, TopicPartition
 
-from rollstream import kafka
-from rollstream.codec import codec
+from rollstream.cluster import kafka
 from rollstream.config import Settings
+from rollstream.contracts.codec import codec
+from rollstream.contracts.events import SCORED_TRAJECTORY
+from rollstream.contracts.graph import BY_ATTR, STAGES, input_of, partition_count
 from rollstream.dev.processes import ProcessGroup, free_port, wait_http
 from rollstream.envs.copy_letter import LETTERS, demo_tasks
-from rollstream.events import SCORED_TRAJECTORY
-from rollstream.graph import BY_ATTR, STAGES, input_of, partition_count
 from rollstream.policy_versions import PolicyReader
 
 

@@ -28,7 +28,7 @@ from typing import Any
 
 from aiohttp import web
 
-from rollstream.wire import POLICY_VERSION_HEADER, VERSION_PATH
+from rollstream.contracts.wire import POLICY_VERSION_HEADER, VERSION_PATH
 
 Script = Callable[[list[int], dict[str, Any]], tuple[list[int], str]]
 

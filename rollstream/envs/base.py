@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-from rollstream.events import FailureClass
+from rollstream.contracts.events import FailureClass
 
 
 class InvalidTask(ValueError):

@@ -2,7 +2,7 @@
 
 `apply_policy(event, servers, adapter=...)` is the whole mechanism, per server:
 - LoRA (`kind: lora`): `POST /v1/load_lora_adapter` under the name `<adapter>-v<N>`
-  (rollstream.wire; `rollstream-policy-v<N>` when the job names no adapter; vLLM needs
+  (rollstream.contracts.wire; `rollstream-policy-v<N>` when the job names no adapter; vLLM needs
   VLLM_ALLOW_RUNTIME_LORA_UPDATING=True), with `load_inplace` where that name is loaded already
   (its weights are replaced). RUN sends requests to the job's newest adapter by name, so a
   turn's version is the adapter it named. The job's adapters older than the previous one are
@@ -50,8 +50,9 @@ from typing import Any
 
 import aiohttp
 
-from rollstream import config, health, metrics
-from rollstream.wire import VERSION_PATH, check_adapter, lora_name, lora_version
+from rollstream import config
+from rollstream.contracts.wire import VERSION_PATH, check_adapter, lora_name, lora_version
+from rollstream.telemetry import health, metrics
 
 log = logging.getLogger("rollstream.inference.controller")
 

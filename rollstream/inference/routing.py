@@ -17,8 +17,8 @@
   eject it too, until a later health check finds it answering again.
 - Jobs: a router serves one job's episodes; `adapter` is the job's LoRA adapter base name on
   shared servers. Every request names that job's newest adapter on the server
-  (`<adapter>-v<N>`, rollstream.wire), never another job's. A server that lists none of the
-  job's adapters is not usable for the job (it takes none of its episodes, and `capacity()`
+  (`<adapter>-v<N>`, rollstream.contracts.wire), never another job's. A server that lists none of
+  the job's adapters is not usable for the job (it takes none of its episodes, and `capacity()`
   counts it as full), and when no healthy server has one, a turn waits for the controller to
   load it as it waits out a weight update, rather than failing as infra. With no `adapter`
   (the default) a server's newest `rollstream-policy-v<N>`, or else its base model, serves.
@@ -46,7 +46,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rollstream import metrics
+from rollstream.contracts.wire import check_adapter, lora_version
 from rollstream.inference.client import (
     BadRequest,
     Completion,
@@ -55,7 +55,7 @@ from rollstream.inference.client import (
     ServerError,
     ServerUpdating,
 )
-from rollstream.wire import check_adapter, lora_version
+from rollstream.telemetry import metrics
 
 log = logging.getLogger("rollstream.inference.routing")
 

@@ -7,7 +7,8 @@ vLLM, since it must answer a request as vLLM would: a body without `max_tokens` 
 (`SERVER_MAX_TOKENS`, vLLM's completions default), where a task's default is 64 per turn. RUN
 sends every field explicitly, so that difference never reaches a rollout.
 
-`rollstream.events.SamplingParams` is the record's shape as a TypedDict; it has no defaults.
+`rollstream.contracts.events.SamplingParams` is the record's shape as a TypedDict; it has no
+defaults.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import schemas
-from rollstream.events import SAMPLING_PARAMS
+from rollstream.contracts.events import SAMPLING_PARAMS
 
 SAMPLING_DEFAULTS: dict[str, Any] = {
     f["name"]: f["default"] for f in schemas.raw_schemas()[SAMPLING_PARAMS]["fields"]

@@ -49,6 +49,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from rollstream.contracts.wire import POLICY_VERSION_HEADER, VERSION_PATH
 from rollstream.inference.chat import EmbeddedChatTemplate
 from rollstream.inference.tokenizer import ByteTokenizer
 from rollstream.policy_server.engine import AdapterGone, Engine
@@ -69,7 +70,6 @@ from rollstream.policy_server.protocol import (
     json_body,
     sampling_params,
 )
-from rollstream.wire import POLICY_VERSION_HEADER, VERSION_PATH
 
 log = logging.getLogger(__name__)
 

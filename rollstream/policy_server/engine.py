@@ -20,8 +20,8 @@ import contextlib
 import logging
 from collections import deque
 
+from rollstream.contracts.wire import split_lora
 from rollstream.policy_server.model import DecodeBatch, Sequence, TinyLM, load
-from rollstream.wire import split_lora
 
 log = logging.getLogger(__name__)
 

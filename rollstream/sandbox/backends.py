@@ -11,10 +11,10 @@ from __future__ import annotations
 from dataclasses import replace
 from functools import cache
 
-from rollstream import quotas
 from rollstream.sandbox import bwrap, docker
 from rollstream.sandbox.base import Backend, Sandbox, SandboxError, SandboxSpec
 from rollstream.sandbox.settings import BACKEND_ENV, current
+from rollstream.service import quotas
 
 __all__ = ["BACKEND_ENV", "CHOICES", "backend_name", "configured", "create_sandbox",
            "get_backend", "unavailable"]
@@ -66,7 +66,7 @@ def backend_name(image: str | None) -> str:
 async def create_sandbox(spec: SandboxSpec) -> Sandbox:
     """A running sandbox from the backend the configuration picks for `spec`. Inside a fleet's
     job it is labelled with the job and, under the job's sandbox quota, waits for a free slot
-    of the job's, held until it is destroyed (rollstream.quotas)."""
+    of the job's, held until it is destroyed (rollstream.service.quotas)."""
     backend = get_backend(backend_name(spec.image))
     job = quotas.current()
     if job is None:

@@ -21,9 +21,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from rollstream import metrics
 from rollstream.sandbox.capture import HeadTail
 from rollstream.sandbox.leases import Lease
+from rollstream.telemetry import metrics
 
 log = logging.getLogger(__name__)
 

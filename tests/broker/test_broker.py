@@ -14,8 +14,8 @@ from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartit
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from rollstream.broker import class_archive, local
+from rollstream.cluster.topics import MAX_MESSAGE_BYTES, TOPIC_SPECS, create_topics, delete_topics
 from rollstream.config import Topics
-from rollstream.topics import MAX_MESSAGE_BYTES, TOPIC_SPECS, create_topics, delete_topics
 
 
 def _consume(

@@ -24,11 +24,11 @@ from producers.publish import validate_task
 from rollstream import config
 from rollstream.broker import cluster, local, secure
 from rollstream.broker.secure import Material
+from rollstream.cluster.kafka import read_partitions
+from rollstream.cluster.kafka_errors import EX_CONFIG, EX_NOPERM
+from rollstream.cluster.security import faust_credentials
+from rollstream.cluster.topics import create_topics, delete_topics
 from rollstream.dev.processes import ProcessGroup, free_port
-from rollstream.kafka import read_partitions
-from rollstream.kafka_errors import EX_CONFIG, EX_NOPERM
-from rollstream.security import faust_credentials
-from rollstream.topics import create_topics, delete_topics
 from tests.helpers.secure_helpers import cli, one_line_error, own_home, principal
 
 TASKS, GROUP = 4, 2

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from rollstream import jobs
 from rollstream.cli import main
+from rollstream.cluster.topics import delete_topics
 from rollstream.config import Settings
-from rollstream.topics import delete_topics
+from rollstream.service import jobs
 
 
 @pytest.fixture

@@ -9,9 +9,9 @@ import sys
 
 from confluent_kafka import TopicPartition
 
-from rollstream import kafka
-from rollstream.codec import codec
+from rollstream.cluster import kafka
 from rollstream.config import Settings
+from rollstream.contracts.codec import codec
 from tests.helpers.scored_factory import scored
 
 

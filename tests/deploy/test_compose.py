@@ -19,11 +19,12 @@ import pytest
 from confluent_kafka import TopicPartition
 
 from producers.publish import publish, validate_task
-from rollstream import config, kafka
-from rollstream.codec import codec
+from rollstream import config
+from rollstream.cluster import kafka
+from rollstream.contracts.codec import codec
+from rollstream.contracts.events import POLICY_VERSION
+from rollstream.contracts.wire import VERSION_PATH
 from rollstream.envs.copy_letter import demo_tasks
-from rollstream.events import POLICY_VERSION
-from rollstream.wire import VERSION_PATH
 
 ROOT = Path(__file__).resolve().parents[2]
 IMAGES = ("rollstream/app:local", "rollstream/kafka:local", "rollstream/prometheus:local")

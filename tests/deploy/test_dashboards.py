@@ -29,10 +29,11 @@ def metrics_in(expr: str) -> set[str]:
 
 
 def exported() -> set[str]:
-    """Every series name this code's /metrics can serve (rollstream.metrics defines them all)."""
+    """Every series name this code's /metrics can serve (rollstream.telemetry.metrics defines them
+    all)."""
     from prometheus_client import REGISTRY
 
-    from rollstream import metrics
+    from rollstream.telemetry import metrics
 
     assert metrics.JOB_LABEL  # imported for its registrations
     return {family.name + suffix for family in REGISTRY.collect() for suffix in SUFFIXES}

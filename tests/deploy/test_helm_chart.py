@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rollstream import graph
+from rollstream.contracts import graph
 from rollstream.deploy import chart
 from tests.helpers.helm_helpers import CHART, CRDS, HELM, HELM_DIR, VALIDATE
 

@@ -17,11 +17,11 @@ import yaml
 from confluent_kafka import TopicPartition
 
 from producers.publish import publish, validate_task
-from rollstream import kafka
 from rollstream.broker.local import _java
+from rollstream.cluster import kafka
 from rollstream.config import Settings
+from rollstream.contracts.graph import STAGES, input_of
 from rollstream.dev.processes import ProcessGroup
-from rollstream.graph import STAGES, input_of
 from tests.helpers.helm_helpers import CHART, HELM, HELM_DIR
 
 KAFKA_TOOLS = HELM_DIR / "kafka-tools" / "jars"

@@ -16,11 +16,11 @@ import pytest
 from confluent_kafka import TopicPartition
 
 from producers.publish import publish
-from rollstream import kafka
 from rollstream.broker import local
+from rollstream.cluster import kafka
+from rollstream.cluster.topics import create_topics
 from rollstream.config import Settings, load
 from rollstream.dev.processes import ProcessGroup
-from rollstream.topics import create_topics
 from tests.helpers.pipeline_helpers import GROUP, kill_broker, make_tasks
 
 TASKS = 40

@@ -27,9 +27,9 @@ from confluent_kafka.admin import AdminClient, ConfigResource
 
 from benchmarks import chaos, chaos_jobs
 from rollstream.broker import cluster
+from rollstream.cluster.kafka import read_partitions
+from rollstream.cluster.topics import create_topics
 from rollstream.config import load
-from rollstream.kafka import read_partitions
-from rollstream.topics import create_topics
 
 pytestmark = pytest.mark.slow
 

@@ -16,15 +16,15 @@ import pytest
 from confluent_kafka import TopicPartition
 
 from producers.publish import publish
-from rollstream import kafka
 from rollstream.admission import CONSUMED
 from rollstream.broker import local
-from rollstream.codec import codec
+from rollstream.cluster import kafka
+from rollstream.cluster.topics import create_topics
 from rollstream.config import Settings, load
+from rollstream.contracts.codec import codec
 from rollstream.dev.background import BackgroundServer
 from rollstream.dev.processes import ProcessGroup
 from rollstream.policy_server.model import build_model, save
-from rollstream.topics import create_topics
 from tests.helpers.pipeline_helpers import kill_broker, make_tasks, served_version, wait
 
 TASKS = 12

@@ -21,13 +21,13 @@ from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from producers.publish import publish, validate_task
-from rollstream import kafka
 from rollstream.cli import main as cli
-from rollstream.codec import codec, pack_ids, pack_logprobs
+from rollstream.cluster import kafka
+from rollstream.cluster.topics import create_topics, delete_topics
 from rollstream.config import Settings, load
+from rollstream.contracts.codec import codec, pack_ids, pack_logprobs
 from rollstream.dev.processes import ProcessGroup
 from rollstream.envs.registry import get_env
-from rollstream.topics import create_topics, delete_topics
 from tests.helpers.avro_reference import Reference
 
 JAVA_DIR = Path(__file__).resolve().parents[2] / "examples" / "java"

@@ -22,14 +22,15 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from producers.publish import publish, validate_task
-from rollstream import jobs, kafka
 from rollstream.cli import main
-from rollstream.codec import codec
+from rollstream.cluster import kafka
+from rollstream.cluster.topics import delete_topics
 from rollstream.config import Settings
+from rollstream.contracts.codec import codec
+from rollstream.contracts.graph import STAGES
 from rollstream.dev.processes import ProcessGroup
-from rollstream.graph import STAGES
 from rollstream.policy_server.model import build_model, save
-from rollstream.topics import delete_topics
+from rollstream.service import jobs
 
 PARTITIONS = 2
 TASKS = 16  # per job

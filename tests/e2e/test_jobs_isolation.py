@@ -25,15 +25,17 @@ import pytest
 from confluent_kafka import Message
 
 from producers.publish import publish, validate_task
-from rollstream import config, events, kafka
+from rollstream import config
 from rollstream.broker.secure import Material
 from rollstream.cli import main
-from rollstream.codec import codec
+from rollstream.cluster import kafka
+from rollstream.cluster.kafka_errors import EX_NOPERM, AccessDenied
+from rollstream.cluster.topics import delete_topics
 from rollstream.config import Settings
 from rollstream.consume.records import Output
+from rollstream.contracts import events
+from rollstream.contracts.codec import codec
 from rollstream.dev.processes import ProcessGroup, free_port
-from rollstream.kafka_errors import EX_NOPERM, AccessDenied
-from rollstream.topics import delete_topics
 from tests.helpers.secure_helpers import cli, one_line_error, principal
 from trainer_bridge.bridge import TrainerBridge
 from trainer_bridge.groups import GroupPolicy

@@ -19,14 +19,15 @@ from confluent_kafka import TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
 
 from producers.publish import publish, validate_task
-from rollstream import jobs, kafka, usage
 from rollstream.cli import main
-from rollstream.codec import codec
+from rollstream.cluster import kafka
+from rollstream.cluster.topics import delete_topics
 from rollstream.config import Settings
+from rollstream.contracts.codec import codec
 from rollstream.dev.processes import ProcessGroup, free_port
-from rollstream.metrics import JOB_LABEL
-from rollstream.status import job_numbers
-from rollstream.topics import delete_topics
+from rollstream.ops.status import job_numbers
+from rollstream.service import jobs, usage
+from rollstream.telemetry.metrics import JOB_LABEL
 from tests.helpers.metrics_helpers import PROMETHEUS, prometheus, query, scrape, value
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy/grafana/dashboards/rollstream-jobs.json"

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from confluent_kafka import TopicPartition
 
-from rollstream import kafka
-from rollstream.codec import codec
+from rollstream.cluster import kafka
 from rollstream.config import Settings
+from rollstream.contracts.codec import codec
 from rollstream.dev.loop import LoopConfig
 from rollstream.dev.processes import ProcessGroup
 from tests.helpers.scored_factory import scored, turn

@@ -16,9 +16,9 @@ from confluent_kafka import TopicPartition
 
 from producers.publish import publish
 from producers.replay import replay
-from rollstream import kafka
-from rollstream.codec import codec
+from rollstream.cluster import kafka
 from rollstream.config import Settings
+from rollstream.contracts.codec import codec
 from rollstream.dev.processes import ProcessGroup
 from rollstream.envs.registry import get_env
 from tests.helpers.pipeline_helpers import GROUP, make_tasks

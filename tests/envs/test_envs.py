@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from rollstream.cli.envs import register_cli
-from rollstream.codec import codec, pack_ids, pack_logprobs
+from rollstream.contracts.codec import codec, pack_ids, pack_logprobs
 from rollstream.envs import registry
 from rollstream.envs.base import Environment, InvalidTask, Score, StepResult
 from rollstream.envs.registry import UnknownEnv, get_env, list_envs

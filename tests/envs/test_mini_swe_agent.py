@@ -22,9 +22,9 @@ import pytest
 from confluent_kafka import TopicPartition
 
 from producers.publish import load_tasks, publish, validate_task
-from rollstream import kafka
-from rollstream.codec import codec
+from rollstream.cluster import kafka
 from rollstream.config import Settings
+from rollstream.contracts.codec import codec
 from rollstream.dev.processes import ProcessGroup, free_port, wait_http
 from rollstream.envs import mini_swe_agent
 from tests.helpers.sandbox_helpers import needs_bwrap, sandbox_root

@@ -19,7 +19,7 @@ import aiohttp
 import pytest
 
 import rollstream.turns
-from rollstream.codec import unpack_ids
+from rollstream.contracts.codec import unpack_ids
 from rollstream.dev.background import BackgroundServer
 from rollstream.dev.processes import free_port
 from rollstream.dev.scripted import Script, create_app
@@ -229,7 +229,7 @@ def test_the_token_budget_truncates_the_episode(policy_url: str) -> None:
 
 
 def test_one_jobs_episode_key_is_refused_by_another_jobs_gateway(policy_url: str) -> None:
-    """A fleet's RUN process makes each job a RunStage of its own (rollstream/fleet.py), so
+    """A fleet's RUN process makes each job a RunStage of its own (rollstream/service/fleet.py), so
     each job a gateway of its own: a harness holding one job's episode key is refused by the
     other job's gateway, for its calls to the model and to the sandbox alike."""
     async def alpha_then_beta(alpha: Harness) -> None:

@@ -1,6 +1,6 @@
 """Apache Avro's reference Python library reading and writing Rollstream events from the .avsc
 files and the single-object encoding spec alone: the independent implementation the codec is
-checked against. Nothing here uses rollstream.codec."""
+checked against. Nothing here uses rollstream.contracts.codec."""
 
 from __future__ import annotations
 

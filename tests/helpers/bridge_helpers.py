@@ -4,9 +4,9 @@ interleaved."""
 from __future__ import annotations
 
 from producers.publish import validate_task
-from rollstream import kafka
-from rollstream.codec import codec
+from rollstream.cluster import kafka
 from rollstream.config import Settings
+from rollstream.contracts.codec import codec
 
 
 def scored(task_id: str, index: int, group_size: int, reward: float) -> bytes:

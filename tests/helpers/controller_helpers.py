@@ -11,7 +11,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from rollstream.wire import VERSION_PATH
+from rollstream.contracts.wire import VERSION_PATH
 
 
 def policy_event(version: int, uri: str, kind: str = "full") -> dict:

@@ -11,7 +11,7 @@ import urllib.request
 
 from producers.publish import validate_task
 from rollstream.broker import local
-from rollstream.wire import VERSION_PATH
+from rollstream.contracts.wire import VERSION_PATH
 
 GROUP = 4
 

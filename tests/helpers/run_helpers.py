@@ -8,8 +8,8 @@ import dataclasses
 from collections.abc import Awaitable, Callable, Sequence
 
 from producers.publish import validate_task
-from rollstream.codec import unpack_ids
 from rollstream.config import Settings
+from rollstream.contracts.codec import unpack_ids
 from rollstream.inference.chat import ChatTemplate
 from rollstream.runtime import EventContext
 from stages.run import RunStage

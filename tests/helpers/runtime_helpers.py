@@ -9,9 +9,9 @@ import time
 
 from confluent_kafka import TopicPartition
 
-from rollstream import kafka
-from rollstream.codec import codec
+from rollstream.cluster import kafka
 from rollstream.config import Settings
+from rollstream.contracts.codec import codec
 from rollstream.runtime import EventContext, InvalidEvent, Output, Stage, StageRuntime
 
 

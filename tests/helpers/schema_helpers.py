@@ -8,7 +8,7 @@ import io
 from fastavro import parse_schema, schemaless_writer
 from fastavro.schema import fingerprint, to_parsing_canonical_form
 
-from rollstream.codec import MAGIC, pack_ids, pack_logprobs
+from rollstream.contracts.codec import MAGIC, pack_ids, pack_logprobs
 
 
 def old_trajectory() -> dict:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from producers.publish import validate_task
-from rollstream.codec import pack_ids, pack_logprobs
+from rollstream.contracts.codec import pack_ids, pack_logprobs
 
 
 def turn(index: int, prompt: list[int], completion: list[int], version: int) -> dict:

@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from rollstream import acl, config
+from rollstream import config
 from rollstream.broker import local, secure
 from rollstream.broker.secure import Material
+from rollstream.cluster import acl
 
 PLAIN_USER = "plainfleet"  # PLAIN's users are the broker's configuration, read at its start
 

@@ -12,9 +12,9 @@ import pytest
 from confluent_kafka import TopicPartition
 
 from producers.publish import load_tasks
-from rollstream import kafka
-from rollstream.codec import codec
+from rollstream.cluster import kafka
 from rollstream.config import Settings
+from rollstream.contracts.codec import codec
 from rollstream.envs.base import Score
 from rollstream.envs.swe.env import SweEnv
 

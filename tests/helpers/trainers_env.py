@@ -16,11 +16,12 @@ from pathlib import Path
 import pytest
 
 from producers.publish import validate_task
-from rollstream import kafka, policy_versions
-from rollstream.codec import codec, pack_ids, pack_logprobs
+from rollstream import policy_versions
+from rollstream.cluster import kafka
 from rollstream.config import Settings
+from rollstream.contracts.codec import codec, pack_ids, pack_logprobs
+from rollstream.contracts.events import SCORED_TRAJECTORY
 from rollstream.dev.processes import ProcessGroup
-from rollstream.events import SCORED_TRAJECTORY
 
 TRAINERS = Path(os.environ.get("ROLLSTREAM_TRAINERS_PATH") or
                 Path(__file__).resolve().parents[2] / ".rollstream" / "trainers")

@@ -32,10 +32,10 @@ from typing import Any
 
 from aiohttp import web
 
+from rollstream.contracts.wire import POLICY_VERSION_HEADER, VERSION_PATH
 from rollstream.policy_server.app import PolicyServer, _errors
 from rollstream.policy_server.engine import Engine
 from rollstream.policy_server.model import load
-from rollstream.wire import POLICY_VERSION_HEADER, VERSION_PATH
 
 MODEL = "Qwen/Qwen3-4B"
 PAUSED_503 = "Generation is paused. Please retry after it resumes."

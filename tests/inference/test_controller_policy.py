@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from confluent_kafka import TopicPartition
 
-from rollstream import kafka
-from rollstream.codec import codec
+from rollstream.cluster import kafka
 from rollstream.config import Settings
+from rollstream.contracts.codec import codec
 from rollstream.dev.background import BackgroundServer
 from rollstream.inference.controller import Controller
 from rollstream.policy_server.model import build_model, save

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rollstream.codec import unpack_ids
+from rollstream.contracts.codec import unpack_ids
 from rollstream.dev.simulated import Fleet, SimulatedServer
 from rollstream.inference.hf_template import HFChatTemplate, TemplateError
 from tests.helpers.run_helpers import guess_episodes, play, run_settings

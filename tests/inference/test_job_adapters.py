@@ -11,12 +11,12 @@ import aiohttp
 import pytest
 
 import schemas
-from rollstream.codec import codec
 from rollstream.config import Settings, load
+from rollstream.contracts.codec import codec
+from rollstream.contracts.wire import check_adapter, lora_name, lora_version, split_lora
 from rollstream.dev.simulated import Fleet, SimulatedServer
 from rollstream.inference.controller import apply_policy, current_version
 from rollstream.inference.routing import AdapterMissing, Router
-from rollstream.wire import check_adapter, lora_name, lora_version, split_lora
 from tests.helpers.controller_helpers import against, fake_vllm, policy_event
 from tests.helpers.run_helpers import guess_episodes, play, run_settings
 from tests.helpers.schema_helpers import encode_with, old_trajectory

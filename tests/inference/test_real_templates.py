@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
-from rollstream.codec import unpack_ids
+from rollstream.contracts.codec import unpack_ids
 from rollstream.dev.simulated import Fleet, SimulatedServer
 from rollstream.inference.chat import sample_count
 from rollstream.inference.hf_template import HFChatTemplate

@@ -15,16 +15,16 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from rollstream import kafka
-from rollstream.codec import codec, unpack_ids
+from rollstream.cluster import kafka
+from rollstream.cluster.topics import create_topics, delete_topics
 from rollstream.config import Settings
+from rollstream.contracts.codec import codec, unpack_ids
+from rollstream.contracts.wire import POLICY_VERSION_HEADER
 from rollstream.dev.background import BackgroundServer
 from rollstream.inference.chat import EmbeddedChatTemplate
 from rollstream.inference.client import BadRequest, Completion, InferenceClient
 from rollstream.inference.controller import Controller, apply_policy, current_version
 from rollstream.policy_server.model import TinyLM, build_model, generate, save
-from rollstream.topics import create_topics, delete_topics
-from rollstream.wire import POLICY_VERSION_HEADER
 from tests.helpers.controller_helpers import policy_event
 from tests.helpers.pipeline_helpers import wait
 from tests.helpers.run_helpers import contexts, guess_episodes, play, run_settings

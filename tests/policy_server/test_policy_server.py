@@ -13,6 +13,7 @@ import aiohttp
 import pytest
 import torch
 
+from rollstream.contracts.wire import POLICY_VERSION_HEADER
 from rollstream.dev.background import BackgroundServer
 from rollstream.inference.chat import EmbeddedChatTemplate
 from rollstream.inference.client import InferenceClient
@@ -27,7 +28,6 @@ from rollstream.policy_server.model import (
     load,
     save,
 )
-from rollstream.wire import POLICY_VERSION_HEADER
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 TEMPLATE = EmbeddedChatTemplate()

@@ -21,9 +21,9 @@ from confluent_kafka import (
 
 from producers.publish import TaskFileError, load_tasks, publish, validate_task
 from rollstream.cli import main
-from rollstream.codec import codec
+from rollstream.cluster.kafka import read_partitions
 from rollstream.config import Settings
-from rollstream.kafka import read_partitions
+from rollstream.contracts.codec import codec
 
 PARTITIONS = 4  # the `topics` fixture's
 # What a just-created topic answers until its partitions have leaders everywhere.
@@ -169,7 +169,8 @@ def test_publish_waits_out_a_coordinator_that_is_not_ready(
                 raise KafkaException(KafkaError(KafkaError.NOT_COORDINATOR))
             super().init_transactions(*args)
 
-    monkeypatch.setattr("rollstream.kafka.Producer", NotReadyAtFirst)  # what producer() makes
+    # What producer() makes.
+    monkeypatch.setattr("rollstream.cluster.kafka.Producer", NotReadyAtFirst)
     assert publish(settings, [validate_task(_task(i)) for i in range(3)]) == 3
     assert answered == ["NOT_COORDINATOR"]
     assert len(_committed(settings, settings.topics.tasks)) == 3

@@ -19,12 +19,12 @@ from confluent_kafka.admin import AdminClient, ConfigResource
 
 from producers.publish import validate_task
 from producers.replay import replay
-from rollstream import kafka
 from rollstream.cli import main
-from rollstream.codec import codec, pack_ids, pack_logprobs
+from rollstream.cluster import kafka
+from rollstream.cluster.kafka import process_id, producer, read_partitions, retrying
+from rollstream.cluster.topics import MAX_MESSAGE_BYTES
 from rollstream.config import Settings
-from rollstream.kafka import process_id, producer, read_partitions, retrying
-from rollstream.topics import MAX_MESSAGE_BYTES
+from rollstream.contracts.codec import codec, pack_ids, pack_logprobs
 
 PARTITIONS = 4  # the `topics` fixture's
 

@@ -59,7 +59,7 @@ def _target(source: Path, href: str) -> tuple[Path, str]:
 
 def test_the_first_screen_has_the_diagram_the_prerequisites_and_both_commands() -> None:
     head = "\n".join(README.read_text().splitlines()[:FIRST_SCREEN])
-    # The drawing of the topic graph (tests/runtime/test_graph.py checks it against the graph) is
+    # The drawing of the topic graph (tests/contracts/test_graph.py checks it against the graph) is
     # the first code block, and it is closed within the first screen.
     blocks = [t for t in MD.parse(head) if t.type == "fence"]
     assert blocks, "no code block in the README's first lines"

@@ -6,8 +6,8 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from rollstream import kafka
 from rollstream.admission import AdmissionGate
+from rollstream.cluster import kafka
 from rollstream.config import Settings
 from tests.helpers.runtime_helpers import publish_version
 

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from producers.publish import TaskFileError, load_tasks, validate_task
-from rollstream import kafka
 from rollstream.cli import main
-from rollstream.codec import codec
+from rollstream.cluster import kafka
 from rollstream.config import Settings
+from rollstream.contracts.codec import codec
 from rollstream.runtime import EventContext, InvalidEvent, StageRuntime
 from stages.init import InitStage
 from stages.run import RunStage

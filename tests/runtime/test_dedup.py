@@ -7,9 +7,9 @@ from collections import Counter
 from dataclasses import replace
 
 from producers.publish import publish, validate_task
-from rollstream import kafka
-from rollstream.codec import codec
+from rollstream.cluster import kafka
 from rollstream.config import Settings
+from rollstream.contracts.codec import codec
 from rollstream.dedup import SeenIds
 from rollstream.runtime import StageRuntime
 from stages.eval import EvalStage

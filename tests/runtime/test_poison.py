@@ -11,12 +11,12 @@ import pytest
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
 
-from rollstream import kafka
-from rollstream.codec import codec
+from rollstream.cluster import kafka
+from rollstream.cluster.topics import record_limits
 from rollstream.config import Settings
-from rollstream.graph import MIB
+from rollstream.contracts.codec import codec
+from rollstream.contracts.graph import MIB
 from rollstream.runtime import EventContext, Output, Stage, StageRuntime
-from rollstream.topics import record_limits
 from tests.helpers.runtime_helpers import policy_event, run_until
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 
-from rollstream import kafka
+from rollstream.cluster import kafka
 from rollstream.config import Settings
 from rollstream.policy_versions import PolicyReader, latest, partitions
 from tests.helpers.runtime_helpers import publish_version

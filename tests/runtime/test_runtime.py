@@ -9,10 +9,10 @@ from dataclasses import replace
 
 from confluent_kafka import TopicPartition
 
-from rollstream import kafka
-from rollstream.codec import codec
+from rollstream.cluster import kafka
+from rollstream.cluster.offsets import decode_done
 from rollstream.config import Settings
-from rollstream.offsets import decode_done
+from rollstream.contracts.codec import codec
 from rollstream.runtime import EventContext, Output, StageRuntime
 from tests.helpers.runtime_helpers import SlowEcho, policy_event, read_all, run_until
 

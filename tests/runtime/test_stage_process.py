@@ -8,7 +8,7 @@ from pathlib import Path
 from confluent_kafka import TopicPartition
 
 from producers.publish import publish, validate_task
-from rollstream import kafka
+from rollstream.cluster import kafka
 from rollstream.config import Settings
 from rollstream.dev.processes import ProcessGroup
 

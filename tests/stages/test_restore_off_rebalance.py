@@ -12,9 +12,9 @@ from dataclasses import replace
 import pytest
 
 from producers.publish import validate_task
-from rollstream import kafka
-from rollstream.codec import codec
+from rollstream.cluster import kafka
 from rollstream.config import Settings
+from rollstream.contracts.codec import codec
 from rollstream.dev.simulated import Fleet, SimulatedServer, guess_digit
 from rollstream.runtime import StageRuntime
 from stages.run import RunStage

@@ -9,12 +9,12 @@ from collections import Counter
 
 import pytest
 
-from rollstream.codec import unpack_ids
+from rollstream.contracts.codec import unpack_ids
+from rollstream.contracts.wire import lora_name
 from rollstream.dev.simulated import Fleet, SimulatedServer
 from rollstream.inference.chat import EmbeddedChatTemplate
 from rollstream.inference.routing import UNKNOWN_VERSION, Router, VersionUnknown
 from rollstream.runtime import EventContext
-from rollstream.wire import lora_name
 from stages.eval import EvalStage
 from stages.run import RunStage, conversation
 from tests.helpers.run_helpers import guess_episodes, play, run_settings

@@ -14,9 +14,9 @@ import pytest
 from confluent_kafka import TopicPartition
 
 from producers.publish import validate_task
-from rollstream import kafka
-from rollstream.codec import codec, pack_ids, pack_logprobs, unpack_ids
+from rollstream.cluster import kafka
 from rollstream.config import Settings
+from rollstream.contracts.codec import codec, pack_ids, pack_logprobs, unpack_ids
 from rollstream.dev.processes import ProcessGroup, free_port
 from rollstream.dev.simulated import Fleet, SimulatedServer
 from rollstream.inference.chat import EmbeddedChatTemplate

@@ -7,9 +7,9 @@ import re
 
 from confluent_kafka import TopicPartition
 
-from rollstream import kafka
-from rollstream.codec import codec
+from rollstream.cluster import kafka
 from rollstream.config import Settings
+from rollstream.contracts.codec import codec
 from tests.helpers.bridge_helpers import publish_groups, scored
 from trainer_bridge import bridge as bridge_module
 from trainer_bridge.bridge import TrainerBridge

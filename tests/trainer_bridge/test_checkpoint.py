@@ -16,10 +16,8 @@ from dataclasses import replace
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from rollstream import kafka
-from rollstream.codec import codec
-from rollstream.config import Settings
-from rollstream.transaction import (
+from rollstream.cluster import kafka
+from rollstream.cluster.transaction import (
     FENCE_LIMIT,
     HUNG_S,
     WAIT_S,
@@ -29,6 +27,8 @@ from rollstream.transaction import (
     Rewind,
     classify,
 )
+from rollstream.config import Settings
+from rollstream.contracts.codec import codec
 from tests.helpers.bridge_helpers import publish_groups
 from tests.helpers.checkpoint_train_proc import trained
 from trainer_bridge.bridge import TrainerBridge

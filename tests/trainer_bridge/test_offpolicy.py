@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-from rollstream.codec import unpack_logprobs
+from rollstream.cluster.topics import create_topics, delete_topics
 from rollstream.config import Settings, load
-from rollstream.topics import create_topics, delete_topics
+from rollstream.contracts.codec import unpack_logprobs
 from tests.helpers.scored_factory import scored, turn
 from tests.helpers.trainers_env import publish_scored
 from trainer_bridge.bridge import TrainerBridge

@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from rollstream.codec import unpack_ids, unpack_logprobs
 from rollstream.config import Settings
+from rollstream.contracts.codec import unpack_ids, unpack_logprobs
 from rollstream.dev import tiny_model
 from tests.helpers.trainers_env import (
     committed_versions,

@@ -15,13 +15,13 @@ import numpy as np
 import pytest
 from confluent_kafka import TopicPartition
 
-from rollstream import kafka
-from rollstream.codec import codec, unpack_ids, unpack_logprobs
+from rollstream.cluster import kafka
+from rollstream.cluster.topics import create_topics, delete_topics
 from rollstream.config import Settings, load
+from rollstream.contracts.codec import codec, unpack_ids, unpack_logprobs
+from rollstream.contracts.events import SCORED_TRAJECTORY, TASK
 from rollstream.dev import tiny_model
 from rollstream.dev.processes import ProcessGroup
-from rollstream.events import SCORED_TRAJECTORY, TASK
-from rollstream.topics import create_topics, delete_topics
 from tests.helpers.trainers_env import committed_versions, pipeline, use_trainers
 from trainer_bridge.bridge import TrainerBridge
 from trainer_bridge.groups import GroupPolicy

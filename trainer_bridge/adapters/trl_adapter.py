@@ -31,7 +31,7 @@ import numpy as np
 
 from rollstream import policy_versions
 from rollstream.config import Settings
-from rollstream.events import POLICY_VERSION
+from rollstream.contracts.events import POLICY_VERSION
 from rollstream.runtime import Output
 from trainer_bridge.adapters.sequences import split
 from trainer_bridge.adapters.tasks import publish_tasks

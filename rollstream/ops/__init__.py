@@ -1,0 +1,2 @@
+"""Operating a pipeline: status, windowed stats and their transport, the dead-letter topic's
+tools."""

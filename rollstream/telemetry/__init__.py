@@ -1,0 +1,1 @@
+"""What every long-running process reports: Prometheus metrics and health (/health, /ready)."""

@@ -1,0 +1,120 @@
+"""The fleet's fair share of RUN's episodes (rollstream.service.fairshare): weighted,
+work-conserving, quotas respected, priority first to free slots without preemption; one plan per
+round of asks."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+from rollstream.service.fairshare import Demand, Plan, allowances
+
+
+def fill(slots: int, demands: dict[str, Demand]) -> dict[str, int]:
+    """Each job takes, in turn, what it is allowed (as runtimes on one loop do) until none may
+    take more; the jobs' episodes in flight then."""
+    demands = dict(demands)
+    for _ in range(slots * 4):
+        took = False
+        for job in demands:
+            allowed = allowances(slots, demands)[job]
+            if allowed and demands[job].wants:
+                demands[job] = replace(demands[job], in_flight=demands[job].in_flight + allowed)
+                took = True
+        if not took:
+            break
+    return {j: d.in_flight for j, d in demands.items()}
+
+
+def test_backlogged_jobs_get_their_weights_share() -> None:
+    jobs = {"a": Demand(1, 0, True), "b": Demand(2, 0, True), "c": Demand(1, 0, True)}
+    assert fill(8, jobs) == {"a": 2, "b": 4, "c": 2}
+    assert fill(100, jobs) == {"a": 25, "b": 50, "c": 25}
+
+
+def test_a_job_that_does_not_use_its_share_leaves_it_to_the_others() -> None:
+    jobs = {"a": Demand(1, 0, True), "b": Demand(2, 0, True), "idle": Demand(1, 0, False)}
+    in_flight = fill(12, jobs)
+    assert in_flight == {"a": 4, "b": 8, "idle": 0}  # every slot used
+    # The idle job may still look for work (one episode), below its share of 3.
+    now = {j: replace(d, in_flight=in_flight[j]) for j, d in jobs.items()}
+    assert allowances(12, now) == {"a": 0, "b": 0, "idle": 1}
+
+
+def test_slots_freed_go_to_the_job_furthest_below_its_share() -> None:
+    # b took everything while a was idle; a now wants work.
+    demands = {"a": Demand(1, 1, True), "b": Demand(1, 7, True)}
+    assert allowances(8, demands) == {"a": 0, "b": 0}  # full: nobody is preempted
+    demands["b"] = replace(demands["b"], in_flight=5)  # two of b's episodes finished
+    assert allowances(8, demands) == {"a": 2, "b": 0}
+    demands["b"] = replace(demands["b"], in_flight=2)
+    assert allowances(8, demands) == {"a": 3, "b": 2}  # then even again
+
+
+def test_few_slots_are_still_shared() -> None:
+    assert fill(2, {"a": Demand(1, 0, True), "b": Demand(2, 0, True)}) == {"a": 1, "b": 1}
+    assert fill(3, {"a": Demand(1, 0, True), "b": Demand(2, 0, True)}) == {"a": 1, "b": 2}
+
+
+def test_a_job_at_its_quota_gets_nothing_and_its_share_goes_to_the_others() -> None:
+    jobs = {"a": Demand(1, 0, True, quota=3), "b": Demand(1, 0, True)}
+    assert fill(10, jobs) == {"a": 3, "b": 7}
+    assert allowances(10, {"a": Demand(1, 3, True, quota=3), "b": Demand(1, 2, True)})["a"] == 0
+
+
+def test_priority_takes_free_slots_first_but_never_preempts() -> None:
+    demands = {"low": Demand(1, 0, True), "high": Demand(1, 4, True, priority=1)}
+    assert allowances(10, demands) == {"low": 0, "high": 6}
+    # A full fleet: priority starts nothing until slots free up.
+    assert allowances(4, {"low": Demand(1, 4, True), "high": Demand(1, 0, True, priority=9)}
+                      ) == {"low": 0, "high": 0}
+    # Its quota reached, the rest goes to the lower priority.
+    demands = {"low": Demand(1, 0, True), "high": Demand(1, 4, True, quota=6, priority=1)}
+    assert allowances(10, demands) == {"low": 4, "high": 2}
+
+
+def test_no_slots_or_no_jobs() -> None:
+    assert allowances(0, {"a": Demand(1, 0, True)}) == {"a": 0}
+    assert allowances(8, {}) == {}
+
+
+def test_one_plan_per_round_of_asks_and_never_more_than_the_slots() -> None:
+    """8 jobs ask in turn, in shuffled order, take what they are allowed and finish episodes at
+    random: one water-filling per round (a job asking again starts the next), and the fleet
+    never holds more episodes than its slots."""
+    slots = 300
+    weights = {f"j{i}": 1.0 + i % 3 for i in range(8)}
+    in_flight = dict.fromkeys(weights, 0)
+    plan = Plan(lambda: slots, lambda: {j: Demand(w, in_flight[j], True)
+                                        for j, w in weights.items()})
+    rng = random.Random(7)
+    rounds = 200
+    for _ in range(rounds):
+        order = list(weights)
+        rng.shuffle(order)
+        for job in order:
+            in_flight[job] -= sum(rng.random() < 0.1 for _ in range(in_flight[job]))
+            in_flight[job] += plan.allowance(job, in_flight[job])
+            assert sum(in_flight.values()) <= slots
+    # A round ends when a job asks again: with a shuffled order that may be before every job
+    # asked, never before two did.
+    assert rounds <= plan.made <= rounds * 4
+    assert sum(in_flight.values()) >= slots * 0.8  # still handed out: work-conserving
+    share = in_flight["j2"] / in_flight["j0"]  # weights 3 and 1
+    assert 2.0 <= share <= 4.0, in_flight
+
+
+def test_a_plan_is_drawn_down_by_what_a_job_took_and_freed_slots_wait_for_the_next() -> None:
+    in_flight = {"a": 0, "b": 0}
+    plan = Plan(lambda: 8, lambda: {j: Demand(1, n, True) for j, n in in_flight.items()})
+    assert plan.allowance("a", 0) == 4
+    assert plan.allowance("b", 2) == 2  # b started 2 since the plan was made: 2 of its 4 left
+    assert plan.allowance("c", 0) == 0  # a job outside the share
+    in_flight.update(a=4, b=4)
+    plan = Plan(lambda: 8, lambda: {j: Demand(1, n, True) for j, n in in_flight.items()})
+    assert plan.allowance("a", 4) == 0
+    in_flight["b"] = 3  # one of b's episodes ended after the plan was made
+    assert plan.allowance("b", 3) == 0  # the freed slot is not in this plan
+    assert plan.allowance("a", 4) == 0  # a asks again: the next plan, from the counts now,
+    assert plan.allowance("b", 3) == 1  # hands it to b, whose load is the lowest
+    assert plan.made == 2  # one per round
