@@ -27,13 +27,14 @@ from typing import Any
 
 from benchmarks import percentiles_ms, print_table, write_result
 from producers.publish import load_tasks
+from rollstream.envs.base import process_sandboxes
 from rollstream.envs.swe import workspace
 from rollstream.envs.swe.env import SweEnv
 from rollstream.envs.swe.instance import SweInstance
 from rollstream.envs.swe.tool_calls import ToolCall, hermes
 from rollstream.envs.swe.tools import Tools
 from rollstream.sandbox import SandboxSpec
-from rollstream.sandbox.backends import BACKEND_ENV, get_backend, unavailable
+from rollstream.sandbox.backends import BACKEND_ENV, unavailable
 
 NAME = "sandbox"
 TARGET_MS = 50.0
@@ -58,7 +59,7 @@ async def _plain() -> None:
 
 
 async def _measure_backend(name: str, task: dict, n: int) -> dict[str, Any]:
-    backend = get_backend(name)
+    backend = process_sandboxes().backend(name)
     instance = SweInstance.from_task(task)
     spec = SandboxSpec(image=instance.image)
     out: dict[str, Any] = {}

@@ -20,13 +20,11 @@ import tomllib
 from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rollstream.contracts.graph import Topics
 from rollstream.contracts.wire import check_adapter
-
-if TYPE_CHECKING:
-    from rollstream.sandbox.settings import SandboxSettings
+from rollstream.sandbox.settings import SandboxSettings
 
 # Components, in the order `--help` shows them: name -> title.
 GROUPS: dict[str, str] = {
@@ -148,8 +146,7 @@ class Settings:
         return {**self.kafka_properties, "bootstrap.servers": self.bootstrap_servers}
 
     def sandbox_settings(self) -> SandboxSettings:
-        from rollstream.sandbox.settings import SandboxSettings
-
+        """The sandbox component's settings, handed to the sandboxes this process opens."""
         return SandboxSettings(self.sandbox, self.sandbox_image, self.sandbox_root,
                                self.sandbox_uids)
 

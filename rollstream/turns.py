@@ -43,7 +43,7 @@ from rollstream.inference.client import (
 from rollstream.inference.detokenize import served_text
 from rollstream.inference.routing import NoServer, Router
 from rollstream.runtime import EventContext
-from rollstream.service import quotas
+from rollstream.service.quotas import JobQuotas
 from rollstream.telemetry import metrics
 
 log = logging.getLogger("rollstream.turns")
@@ -118,8 +118,11 @@ class Sampled:
 class Turns:
     """Takes the turns of the episodes one RUN process plays: sample, record, checkpoint."""
 
-    def __init__(self, router: Router, template: ChatTemplate, checkpoint: Checkpoint) -> None:
+    def __init__(self, router: Router, template: ChatTemplate, checkpoint: Checkpoint,
+                 quotas: JobQuotas | None = None) -> None:
+        """`quotas`: the job's, inside a fleet (its turns-per-second quota paces the turns)."""
         self.router, self.template, self.checkpoint = router, template, checkpoint
+        self.quotas = quotas
 
     async def sample(self, episode: Episode, prompt: Prompt,
                      observation: str | None = None) -> Sampled:
@@ -142,9 +145,8 @@ class Turns:
             raise EpisodeEnded()
         if observation is not None and turns:
             turns[-1]["observation"] = observation
-        job = quotas.current()
-        if job is not None:
-            await job.turn()  # its turns-per-second quota
+        if self.quotas is not None:
+            await self.quotas.turn()  # its turns-per-second quota
         started = now_ms()
         try:
             completion = await self.complete(episode.sample + prompt_ids, trajectory, len(turns))

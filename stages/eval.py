@@ -16,6 +16,8 @@ from rollstream.dedup import SeenIds
 from rollstream.envs.base import termination_score
 from rollstream.envs.registry import UnknownEnv, get_env
 from rollstream.runtime import EventContext, InvalidEvent, Output, Stage
+from rollstream.sandbox import Sandboxes
+from rollstream.service.quotas import JobQuotas
 from rollstream.telemetry import metrics
 
 
@@ -23,11 +25,14 @@ class EvalStage(Stage):
     name = "eval"
     input_record = TRAJECTORY
 
-    def __init__(self, settings: Settings, share: Callable[[], int] | None = None) -> None:
+    def __init__(self, settings: Settings, share: Callable[[], int] | None = None,
+                 quotas: JobQuotas | None = None) -> None:
         """`share`: how many more trajectories this stage may score now (a fleet's fair share
-        of its sandboxes, rollstream.service.fairshare); None: no bound beyond --max-in-flight."""
+        of its sandboxes, rollstream.service.fairshare); None: no bound beyond --max-in-flight;
+        `quotas`: the job's inside a fleet (they bound its sandboxes)."""
         super().__init__(settings)
         self.share = share
+        self.sandboxes = Sandboxes(settings.sandbox_settings(), quotas)
         self.seen = SeenIds(settings, self.name)  # each episode scored once (rollstream.dedup)
 
     def input_topic(self) -> str:
@@ -47,7 +52,7 @@ class EvalStage(Stage):
         if trajectory["termination"] == "RUNNING":
             raise InvalidEvent(f"episode {trajectory['episode_id']!r} is not finished")
         try:
-            env = get_env(task["env"])
+            env = get_env(task["env"], self.sandboxes)
         except UnknownEnv as exc:
             raise InvalidEvent(str(exc)) from exc
         if not self.seen.claim(ctx.partition, trajectory["episode_id"]):

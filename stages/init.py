@@ -12,7 +12,7 @@ from rollstream.dedup import SeenIds
 from rollstream.envs.base import InvalidTask
 from rollstream.envs.registry import UnknownEnv, get_env
 from rollstream.runtime import EventContext, InvalidEvent, Output, Stage
-from rollstream.service import quotas
+from rollstream.service.quotas import JobQuotas
 
 
 def episode_id(task_id: str, sample_index: int) -> str:
@@ -24,8 +24,10 @@ class InitStage(Stage):
     name = "init"
     input_record = TASK
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, quotas: JobQuotas | None = None) -> None:
+        """`quotas`: the job's, inside a fleet (its tasks-queued quota counts what INIT takes)."""
         super().__init__(settings)
+        self.quotas = quotas
         self.gate = (AdmissionGate(settings, settings.admission_window)
                      if settings.admission_window > 0 else None)
         self.seen = SeenIds(settings, self.name)  # a re-published task is expanded once
@@ -56,9 +58,8 @@ class InitStage(Stage):
             return []
         if self.gate is not None:
             self.gate.admit(task["task_id"])
-        job = quotas.current()
-        if job is not None:
-            job.took(task["group_size"])  # its tasks-queued quota
+        if self.quotas is not None:
+            self.quotas.took(task["group_size"])  # its tasks-queued quota
         now = int(time.time() * 1000)
         return [self.seen.marker(ctx.partition, task["task_id"])] + [
             Output(self.topics.episodes, episode_id(task["task_id"], i), EPISODE, {

@@ -40,6 +40,8 @@ from rollstream.gateway.server import Gateway
 from rollstream.inference.chat import ChatTemplate, EmbeddedChatTemplate
 from rollstream.inference.routing import Router
 from rollstream.runtime import EventContext, InvalidEvent, Output, Stage
+from rollstream.sandbox import Sandboxes
+from rollstream.service.quotas import JobQuotas
 from rollstream.turns import Episode, EpisodeEnded, Turns, now_ms
 
 log = logging.getLogger("rollstream.run")
@@ -75,12 +77,16 @@ class RunStage(Stage):
     input_record = EPISODE
 
     def __init__(self, settings: Settings, template: ChatTemplate | None = None,
-                 router: Router | None = None, share: Callable[[], int] | None = None) -> None:
+                 router: Router | None = None, share: Callable[[], int] | None = None,
+                 quotas: JobQuotas | None = None) -> None:
         """`router`: inference servers shared with other RUN stages in this process (a fleet's
         jobs; the caller starts and closes it), else this stage's own from its settings;
         `share`: how many more episodes this stage may start now (a fleet's fair share of the
-        shared servers, rollstream.service.fairshare), else what room the servers have."""
+        shared servers, rollstream.service.fairshare), else what room the servers have;
+        `quotas`: the job's inside a fleet (they pace its turns and bound its sandboxes)."""
         super().__init__(settings)
+        self.quotas = quotas
+        self.sandboxes = Sandboxes(settings.sandbox_settings(), quotas)
         self.template: ChatTemplate = template or self._template(settings)
         self.router = router
         self._own_router = router is None
@@ -122,7 +128,7 @@ class RunStage(Stage):
                                  adapter=self.settings.adapter)
             await self.router.start()
         assert self.router is not None
-        self.turns = Turns(self.router, self.template, self.checkpoint)
+        self.turns = Turns(self.router, self.template, self.checkpoint, self.quotas)
         self.gateway = Gateway(self.turns, port=self.settings.gateway_port)
         self.players = {"steps": self._play, "harness": self.gateway.play}
 
@@ -176,7 +182,7 @@ class RunStage(Stage):
         task = episode["task"]
         episode_id = episode["episode_id"]
         try:
-            env = get_env(task["env"])
+            env = get_env(task["env"], self.sandboxes)
         except UnknownEnv as exc:
             raise InvalidEvent(str(exc)) from exc
         trajectory = self.checkpoints.get(ctx.partition, {}).pop(episode_id, None)

@@ -110,11 +110,8 @@ def start_service(args: argparse.Namespace, parts: Sequence[str] = ()) -> Settin
 
     `parts`: the readiness components the process reports once it runs (its consumer, say),
     unready from the start, so /ready never answers 200 with the broker alone reached."""
-    from rollstream.sandbox.settings import configure
-
     log_to_stderr()
     resolved = broker_settings(args)
-    configure(resolved.sandbox_settings())
     logging.getLogger("rollstream").info(
         "Kafka at %s, prefix %s, client properties %s", resolved.bootstrap_servers,
         resolved.prefix, config.redacted(resolved.kafka_properties) or "(none)")

@@ -46,10 +46,10 @@ def _count(text: str) -> int:
 
 def run_fleet(args: argparse.Namespace) -> int:
     # Here, not at start-up: RUN pulls in aiohttp and the chat templates.
-    from rollstream.contracts.events import Job
     from rollstream.inference.routing import Router
     from rollstream.runtime import Stage
     from rollstream.service.fleet import Fleet
+    from rollstream.service.quotas import JobQuotas
     from stages.eval import EvalStage
     from stages.init import InitStage
     from stages.run import RunStage
@@ -59,18 +59,20 @@ def run_fleet(args: argparse.Namespace) -> int:
                     timeout_s=settings.request_timeout_s,
                     health_interval_s=settings.health_interval_s)
 
-    def make_stage(job_settings: config.Settings, job: Job, share: Callable[[], int]) -> Stage:
+    def make_stage(job_settings: config.Settings, quotas: JobQuotas,
+                   share: Callable[[], int]) -> Stage:
         if args.name == "init":
-            return InitStage(job_settings)
+            return InitStage(job_settings, quotas=quotas)
         if args.name == "eval":
-            return EvalStage(job_settings, share=share if args.sandboxes else None)
-        if job["policy_urls"]:  # servers of its own: its own router, their room
-            return RunStage(job_settings)
-        if job["adapter"]:
+            return EvalStage(job_settings, share=share if args.sandboxes else None,
+                             quotas=quotas)
+        if quotas.job["policy_urls"]:  # servers of its own: its own router, their room
+            return RunStage(job_settings, quotas=quotas)
+        if quotas.job["adapter"]:
             # Its adapter on the shared servers: a router that names only that adapter (and
             # counts a server without it as unusable), within the fair share of their slots.
-            return RunStage(job_settings, share=share)
-        return RunStage(job_settings, router=router, share=share)
+            return RunStage(job_settings, share=share, quotas=quotas)
+        return RunStage(job_settings, router=router, share=share, quotas=quotas)
 
     slots = (lambda: args.sandboxes) if args.name == "eval" else router.slots
     fleet = Fleet(settings, make_stage, fleet=args.fleet, drain_timeout_s=args.drain_timeout,

@@ -14,9 +14,8 @@ from rollstream import config
 
 def _backends(args: argparse.Namespace) -> list[Any]:
     from rollstream.sandbox.backends import get_backend, unavailable
-    from rollstream.sandbox.settings import configure
 
-    configure(config.load(args).sandbox_settings())  # where this host's sandboxes live
+    settings = config.load(args).sandbox_settings()  # where this host's sandboxes live
     names = args.backend
 
     found = []
@@ -24,7 +23,7 @@ def _backends(args: argparse.Namespace) -> list[Any]:
         # bwrap sandboxes are directories: listable even where bwrap itself is missing.
         reason = unavailable(name) if name == "docker" else None
         if reason is None:
-            found.append(get_backend(name))
+            found.append(get_backend(name, settings))
         else:
             print(f"{name}: skipped ({reason})", file=sys.stderr)
     return found

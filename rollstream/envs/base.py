@@ -28,7 +28,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
+from rollstream import config
 from rollstream.contracts.events import FailureClass
+from rollstream.sandbox import Sandboxes
 
 
 class InvalidTask(ValueError):
@@ -67,6 +69,17 @@ class Environment(ABC):
     # result in the model's template (append-only for tool-trained templates), "user" as text.
     observation_role: ClassVar[str] = "user"
 
+    def __init__(self, sandboxes: Sandboxes | None = None) -> None:
+        self._sandboxes = sandboxes
+
+    @property
+    def sandboxes(self) -> Sandboxes:
+        """Where the environment's sandboxes come from: what the stage handed it (its settings,
+        its job's quota), else the process's settings, resolved at first use."""
+        if self._sandboxes is None:
+            self._sandboxes = process_sandboxes()
+        return self._sandboxes
+
     @abstractmethod
     async def reset(self, task: dict) -> dict:
         """The initial state (JSON-serializable) for one episode of `task` (a Task dict)."""
@@ -86,6 +99,12 @@ class Environment(ABC):
 
     async def close(self, task: dict, state: dict) -> None:
         """Release what the episode holds (a sandbox), once RUN is done with it, before EVAL."""
+
+
+def process_sandboxes() -> Sandboxes:
+    """Sandboxes under the settings this process resolves (defaults < config file <
+    environment), outside any job: for code handed none (a test, a library user)."""
+    return Sandboxes(config.load().sandbox_settings())
 
 
 # Terminations whose score does not depend on any answer; the module docstring says why.

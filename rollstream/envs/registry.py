@@ -19,6 +19,7 @@ from rollstream.envs.guess_number import GuessNumber
 from rollstream.envs.harness import HarnessEnv
 from rollstream.envs.reverse import Reverse
 from rollstream.envs.swe.env import SweEnv
+from rollstream.sandbox import Sandboxes
 
 ENTRY_POINT_GROUP = "rollstream.envs"
 
@@ -61,12 +62,13 @@ def _environments() -> dict[str, type[Environment]]:
     return found
 
 
-def get_env(name: str) -> Environment:
-    """A new instance of the environment called `name`; raises UnknownEnv listing known names."""
+def get_env(name: str, sandboxes: Sandboxes | None = None) -> Environment:
+    """A new instance of the environment called `name`, opening its sandboxes from `sandboxes`
+    (None: the process's settings); raises UnknownEnv listing known names."""
     envs = _environments()
     if name not in envs:
         raise UnknownEnv(f"unknown environment {name!r}; known: {', '.join(sorted(envs))}")
-    return envs[name]()
+    return envs[name](sandboxes)
 
 
 def list_envs() -> list[tuple[str, str]]:

@@ -1,8 +1,8 @@
 """Sandboxes for agent tools and test runs: one interface (base), two backends (bwrap, docker)
-chosen by configuration (backends), leases so abandoned sandboxes get reaped (leases), and the
-`rollstream sandbox list|sweep` commands (cli)."""
+opened under the process's settings and a job's quota (backends.Sandboxes), leases so abandoned
+sandboxes get reaped (leases), and the `rollstream sandbox list|sweep` commands (cli)."""
 
-from rollstream.sandbox.backends import backend_name, create_sandbox, get_backend
+from rollstream.sandbox.backends import Sandboxes, get_backend
 from rollstream.sandbox.base import (
     WORKDIR,
     Backend,
@@ -12,6 +12,7 @@ from rollstream.sandbox.base import (
     SandboxError,
     SandboxSpec,
 )
+from rollstream.sandbox.settings import SandboxSettings
 
 __all__ = [
     "WORKDIR",
@@ -20,8 +21,8 @@ __all__ = [
     "Limits",
     "Sandbox",
     "SandboxError",
+    "SandboxSettings",
     "SandboxSpec",
-    "backend_name",
-    "create_sandbox",
+    "Sandboxes",
     "get_backend",
 ]

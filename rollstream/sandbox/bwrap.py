@@ -49,7 +49,7 @@ from rollstream.sandbox.base import (
 )
 from rollstream.sandbox.capture import HeadTail
 from rollstream.sandbox.leases import Lease, Owner, UidPool, read_lease, sandbox_root, write_lease
-from rollstream.sandbox.settings import UIDS_ENV, current
+from rollstream.sandbox.settings import UIDS_ENV
 
 log = logging.getLogger(__name__)
 
@@ -160,8 +160,9 @@ def sandbox_env(directory: Path) -> dict[str, str]:
     }
 
 
-def _uid_range() -> tuple[int, int]:
-    text = current().uids
+def uid_range(text: str) -> tuple[int, int]:
+    """The uids of a root owner's sandboxes: `FIRST-LAST` (SandboxSettings.uids), "" for the
+    default range."""
     if not text:
         return DEFAULT_UIDS
     try:
@@ -443,8 +444,11 @@ def delete_tree(path: Path) -> None:
 class BwrapBackend(Backend):
     name = "bwrap"
 
-    def __init__(self, root: Path | None = None) -> None:
+    def __init__(self, root: Path | None = None, uids: str = "") -> None:
+        """`root`: where its sandboxes live (None: the per-user temp folder); `uids`: the uid
+        range of a root owner's sandboxes (SandboxSettings.uids)."""
         self.root = root or sandbox_root()
+        self.uid_text = uids
         self.as_root = os.geteuid() == 0
         self._uids: UidPool | None = None
         self._last_reap = 0.0
@@ -452,7 +456,7 @@ class BwrapBackend(Backend):
     @property
     def uids(self) -> UidPool:
         if self._uids is None:
-            first, last = _uid_range()
+            first, last = uid_range(self.uid_text)
             self._uids = UidPool(self.root, first, last - first + 1)
         return self._uids
 

@@ -39,7 +39,7 @@ from rollstream.sandbox.base import (
 )
 from rollstream.sandbox.capture import HeadTail
 from rollstream.sandbox.leases import Lease, Owner
-from rollstream.sandbox.settings import IMAGE_ENV, current
+from rollstream.sandbox.settings import IMAGE_ENV
 
 __all__ = ["DEFAULT_IMAGE", "IMAGE_ENV", "DockerBackend", "DockerSandbox", "available"]
 
@@ -226,8 +226,10 @@ class DockerSandbox(Sandbox):
 class DockerBackend(Backend):
     name = "docker"
 
-    def __init__(self, client: Any = None) -> None:
+    def __init__(self, client: Any = None, image: str = "") -> None:
+        """`image`: for tasks that name none (SandboxSettings.image; "": DEFAULT_IMAGE)."""
         self._client = client
+        self.image = image or DEFAULT_IMAGE
         self._no_workdir: set[tuple[str, str]] = set()  # (image id, workdir): nothing to seed
 
     @property
@@ -249,7 +251,7 @@ class DockerBackend(Backend):
 
         sandbox_id = f"dk-{uuid.uuid4().hex[:16]}"
         limits = spec.limits
-        image = spec.image or current().image or DEFAULT_IMAGE
+        image = spec.image or self.image
         labels = {LABEL: sandbox_id, OWNER_LABEL: Owner.current().label(),
                   CREATED_LABEL: f"{time.time():.3f}",
                   **{LABEL_PREFIX + k: v for k, v in spec.labels.items()}}

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from rollstream.sandbox.settings import ROOT_ENV, current
+from rollstream.sandbox.settings import ROOT_ENV
 
 __all__ = ["ROOT_ENV", "Lease", "Owner", "UidPool", "read_lease", "sandbox_root", "write_lease"]
 
@@ -88,9 +88,9 @@ class Lease:
         return self.owner_alive() is False
 
 
-def sandbox_root() -> Path:
-    """Where bwrap sandboxes live: $ROLLSTREAM_SANDBOX_ROOT, else a per-user temp folder."""
-    configured = current().root
+def sandbox_root(configured: str = "") -> Path:
+    """Where bwrap sandboxes live: the configured folder (SandboxSettings.root), else a
+    per-user temp folder."""
     root = Path(configured) if configured else (
         Path(tempfile.gettempdir()) / f"rollstream-sandboxes-{os.getuid()}")
     root.mkdir(mode=0o700, parents=True, exist_ok=True)

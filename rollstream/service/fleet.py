@@ -23,8 +23,8 @@ instead of blocking), and the fleet owns the signals.
 Fair share: RUN's jobs on the shared servers get `allowance` as their capacity, the weighted
 work-conserving share of the servers' slots (rollstream.service.fairshare), planned once per round
 of the jobs' asks (a `Plan`), not once per ask; EVAL's jobs, so, the share of the fleet's sandboxes
-(scorings at once) where it has a bound. Quotas: each job's runtime runs with the job's
-JobQuotas (rollstream.service.quotas) as its limit and in its context. Which jobs a fleet serves:
+(scorings at once) where it has a bound. Quotas: each job's stage is built with the job's
+JobQuotas (rollstream.service.quotas), which are its runtime's limit too. Which jobs a fleet serves:
 those that name no group, or, with `fleet=NAME`, those that name that group (a dedicated fleet).
 """
 
@@ -44,7 +44,7 @@ from rollstream.contracts.events import Job
 from rollstream.runtime import Stage, StageRuntime
 from rollstream.service.fairshare import Demand, Plan
 from rollstream.service.jobs import ACTIVE, JobReader, job_settings
-from rollstream.service.quotas import CURRENT, JobQuotas
+from rollstream.service.quotas import JobQuotas
 from rollstream.telemetry import metrics
 
 log = logging.getLogger("rollstream.service.fleet")
@@ -58,8 +58,9 @@ REFUSED_RETRY_S = 30.0  # the same for a job the cluster refused the fleet: a gr
 # run out keeps first claim on free slots that long, so it is kept short.
 WANTS_S = 0.6
 
-# Builds a job's stage from its settings and record; the callable is its fair share.
-MakeStage = Callable[[Settings, Job, Callable[[], int]], Stage]
+# Builds a job's stage from its settings and quotas (`quotas.job`: its record); the callable is
+# its fair share.
+MakeStage = Callable[[Settings, JobQuotas, Callable[[], int]], Stage]
 
 
 @dataclass
@@ -132,12 +133,10 @@ class Fleet:
     def _start(self, job: Job) -> None:
         settings = job_settings(self.settings, job)
         context = metrics.job_context(job["name"])  # what its stage counts carries its name
-        stage = context.run(self.make_stage, settings, job,
+        quotas = JobQuotas(job, settings)
+        stage = context.run(self.make_stage, settings, quotas,
                             functools.partial(self.allowance, job["name"]))
-        quotas = JobQuotas(job, stage.name, settings)
-        # Every task of the runtime inherits the context: its sandboxes and turns find the
-        # job's quotas there too (rollstream.service.quotas.current).
-        context.run(CURRENT.set, quotas)
+        quotas.stage = stage.name
         runtime = context.run(StageRuntime, stage, settings, self.drain_timeout_s, shared=True,
                               label=f"job {job['name']}", limit=quotas.room)
         quotas.holding = runtime.loop.holding

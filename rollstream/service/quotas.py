@@ -1,11 +1,11 @@
 """A job's quotas on a shared fleet: episodes in flight, sandboxes open at once, turns per
 second, tasks queued.
 
-The fleet (rollstream.service.fleet) gives each job's runtime a JobQuotas built from the job's
-record (its `job` is replaced when the record changes, so a new quota counts at once) and runs the
-runtime inside it: `CURRENT` is a context variable that every task of that runtime inherits, so
-code deep inside an episode (a sandbox being created, a turn being sampled) finds its job's
-quotas with `current()` without being handed them. Outside a fleet there are none.
+The fleet (rollstream.service.fleet) builds each job's JobQuotas from the job's record (its `job`
+is replaced when the record changes, so a new quota counts at once) and hands it to the job's
+stage as it builds it: INIT counts the tasks it takes, RUN paces its turns (rollstream.turns.Turns)
+and RUN and EVAL open their sandboxes under it (rollstream.sandbox.Sandboxes). Outside a fleet
+there are none.
 
 A job at a quota is paused, never dropped: the runtime's room for new events (`room`, given to
 StageRuntime as its `limit`) drops to 0, the job's partitions pause and its events wait in the
@@ -45,7 +45,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Collection
-from contextvars import ContextVar
 from functools import cached_property
 from pathlib import Path
 
@@ -102,15 +101,17 @@ class Slot:
 class SandboxSlots:
     """A job's sandbox slots on this host: lock files, one per slot, shared by its processes."""
 
-    def __init__(self, job_prefix: str) -> None:
+    def __init__(self, job_prefix: str, root: str) -> None:
+        """`root`: the sandbox root setting (SandboxSettings.root) the slots live under."""
         self.job_prefix = job_prefix
+        self.root = root
         self.held = 0  # slots held by this runtime
         self._counted = (0.0, 0)  # (when, slots held by anyone)
 
     @cached_property
     def directory(self) -> Path:
         # At first use: a stage that opens no sandbox (INIT) never makes the sandbox root.
-        return sandbox_root() / "quotas" / self.job_prefix
+        return sandbox_root(self.root) / "quotas" / self.job_prefix
 
     def _path(self, n: int) -> Path:
         return self.directory / f"{n}.lock"
@@ -234,13 +235,14 @@ class QueueProbe:
 
 
 class JobQuotas:
-    """The quotas of one job's runtime of one stage (`stage`: init, run or eval)."""
+    """The quotas of one job's runtime of one stage (`stage`: init, run or eval; the fleet
+    builds them before the stage they are handed to, and names the stage once it is built)."""
 
-    def __init__(self, job: Job, stage: str, settings: Settings) -> None:
+    def __init__(self, job: Job, settings: Settings, stage: str = "") -> None:
         self.job = job
         self.stage = stage
         self.settings = settings
-        self.slots = SandboxSlots(job["prefix"])
+        self.slots = SandboxSlots(job["prefix"], settings.sandbox_root)
         self._next_turn = 0.0  # when the next turn may be sampled
         self._taken = 0  # tasks INIT took
         self._group_size = 1  # of the last task INIT took
@@ -248,6 +250,11 @@ class JobQuotas:
         # The job's input partitions this process holds, and their count (the fleet sets it to
         # its runtime's): a fleet-wide quota is applied here at this process's part of it.
         self.holding: Callable[[], tuple[Collection[int], int]] = lambda: ((), 0)
+
+    @property
+    def name(self) -> str:
+        """The job's name (it labels the job's sandboxes)."""
+        return self.job["name"]
 
     def room(self, in_flight: int) -> int | None:
         """How many more events the job's runtime may take now; None: no quota limits it."""
@@ -326,12 +333,3 @@ class JobQuotas:
     def close(self) -> None:
         if self._probe is not None:
             self._probe.close()
-
-
-CURRENT: ContextVar[JobQuotas | None] = ContextVar("rollstream_job_quotas", default=None)
-
-
-def current() -> JobQuotas | None:
-    """The quotas of the job whose work this is (inside a fleet), else None."""
-    return CURRENT.get()
-

@@ -4,11 +4,10 @@ guess_number episodes, and a driver that plays many at once like the runtime wou
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from collections.abc import Awaitable, Callable, Sequence
 
 from producers.publish import validate_task
-from rollstream.config import Settings
+from rollstream.config import Settings, load
 from rollstream.contracts.codec import unpack_ids
 from rollstream.inference.chat import ChatTemplate
 from rollstream.runtime import EventContext
@@ -44,8 +43,10 @@ def contexts(trajectory: dict) -> list[list[int]]:
 
 
 def run_settings(urls: Sequence[str], **overrides: object) -> Settings:
+    """RUN's settings for in-process tests: resolved as a process's are (the environment's
+    sandbox root and backend, which the sandbox fixtures set, included)."""
     values = {"health_interval_s": 0.2, "request_timeout_s": 5.0, **overrides}
-    return dataclasses.replace(Settings(), policy_url=",".join(urls), **values)
+    return load(policy_url=",".join(urls), **values)
 
 
 async def play(

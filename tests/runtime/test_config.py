@@ -114,14 +114,14 @@ def test_a_command_offers_only_its_components_flags() -> None:
         config.add_arguments(argparse.ArgumentParser(), "nope")
 
 
-def test_sandbox_settings_come_through_the_one_loader(
+def test_sandbox_settings_come_through_the_one_loader_and_are_handed_in(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from rollstream.sandbox import settings as sandbox
+    from rollstream.sandbox import Sandboxes, SandboxSettings
 
-    monkeypatch.setenv("ROLLSTREAM_SANDBOX_ROOT", str(tmp_path))
-    assert sandbox.current().root == str(tmp_path)  # the environment, unconfigured
-    sandbox.configure(sandbox.SandboxSettings(backend="bwrap", root="/elsewhere"))
-    try:
-        assert sandbox.current().root == "/elsewhere"  # what the process configured
-    finally:
-        sandbox.configure(None)
+    monkeypatch.setenv("ROLLSTREAM_SANDBOX_ROOT", str(tmp_path / "env"))
+    resolved = config.load().sandbox_settings()
+    assert resolved == SandboxSettings(root=str(tmp_path / "env"))
+    assert Sandboxes(resolved).backend("bwrap").root == tmp_path / "env"
+    # What the process hands in counts, whatever the environment says.
+    handed = Sandboxes(SandboxSettings(backend="bwrap", root=str(tmp_path / "handed")))
+    assert handed.backend("bwrap").root == tmp_path / "handed"

@@ -374,12 +374,13 @@ def test_a_hostile_tree_is_removed_on_destroy_and_by_a_sweep(sandbox_root: Path)
 # -- leases ------------------------------------------------------------------------------------
 
 OWNER = """
-import asyncio
+import asyncio, sys
+from pathlib import Path
 from rollstream.sandbox import SandboxSpec
 from rollstream.sandbox.bwrap import BwrapBackend
 
 async def main():
-    sandbox = await BwrapBackend().create(SandboxSpec())
+    sandbox = await BwrapBackend(Path(sys.argv[1])).create(SandboxSpec())
     print(sandbox.id, flush=True)
     await sandbox.exec("sleep 300")
 
@@ -389,8 +390,8 @@ asyncio.run(main())
 
 def test_a_sandbox_whose_owner_died_is_reaped_and_a_live_ones_is_kept(
         sandbox_root: Path) -> None:
-    owner = subprocess.Popen([sys.executable, "-c", OWNER], stdout=subprocess.PIPE,
-                             env={**os.environ}, text=True)
+    owner = subprocess.Popen([sys.executable, "-c", OWNER, str(sandbox_root)],
+                             stdout=subprocess.PIPE, env={**os.environ}, text=True)
     assert owner.stdout is not None
     sandbox_id = owner.stdout.readline().strip()
 
@@ -461,7 +462,7 @@ def test_a_late_release_leaves_the_next_holder_of_its_uid_alone(tmp_path: Path) 
 
 def test_sweep_cli_removes_only_abandoned_sandboxes(sandbox_root: Path) -> None:
     # Created by a process that then exits without destroying it: abandoned.
-    subprocess.run([sys.executable, "-c", LEAVE_ONE_BEHIND], check=True)
+    subprocess.run([sys.executable, "-c", LEAVE_ONE_BEHIND, str(sandbox_root)], check=True)
     cli = [sys.executable, "-m", "rollstream.cli", "sandbox"]
     listed = subprocess.run([*cli, "list", "--backend", "bwrap"], capture_output=True,
                             text=True, check=True)
@@ -473,9 +474,10 @@ def test_sweep_cli_removes_only_abandoned_sandboxes(sandbox_root: Path) -> None:
 
 
 LEAVE_ONE_BEHIND = """
-import asyncio
+import asyncio, sys
+from pathlib import Path
 from rollstream.sandbox import SandboxSpec
 from rollstream.sandbox.bwrap import BwrapBackend
 
-asyncio.run(BwrapBackend().create(SandboxSpec()))
+asyncio.run(BwrapBackend(Path(sys.argv[1])).create(SandboxSpec()))
 """

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from rollstream.sandbox import Limits, SandboxSpec, create_sandbox
+from rollstream import config
+from rollstream.sandbox import Limits, Sandboxes, SandboxSpec
 from rollstream.sandbox.base import INODES_PER_MB
 from rollstream.sandbox.bwrap import delete_tree
 from tests.helpers.sandbox_helpers import as_nobody, backend, needs_bwrap, sandbox_root
@@ -50,8 +51,13 @@ head -c 1000000 /dev/zero > /testbed/after && echo USABLE
 """
 
 
+def _sandboxes() -> Sandboxes:
+    """Under the settings the fixtures put in the environment (the backend, the root)."""
+    return Sandboxes(config.load().sandbox_settings())
+
+
 async def _abuse(limits: Limits) -> str:
-    sandbox = await create_sandbox(SandboxSpec(limits=limits))
+    sandbox = await _sandboxes().create(SandboxSpec(limits=limits))
     try:
         result = await sandbox.exec(ABUSE, timeout_s=120)
     finally:
@@ -77,11 +83,12 @@ def test_writes_past_the_disk_quota_fail_wherever_they_go(backend: str) -> None:
 
 PROBE = """
 import asyncio, json, sys
-from rollstream.sandbox import Limits, SandboxSpec, create_sandbox
+from rollstream.sandbox import Limits, SandboxSettings, Sandboxes, SandboxSpec
 from rollstream.sandbox.base import INODES_PER_MB
 
 async def main():
-    sandbox = await create_sandbox(SandboxSpec(limits=Limits(**json.loads(sys.argv[1]))))
+    sandboxes = Sandboxes(SandboxSettings(backend="bwrap", root=sys.argv[3]))
+    sandbox = await sandboxes.create(SandboxSpec(limits=Limits(**json.loads(sys.argv[1]))))
     try:
         result = await sandbox.exec(sys.argv[2], timeout_s=120)
     finally:
@@ -101,10 +108,9 @@ def test_a_non_root_owners_sandbox_has_a_disk_quota_too() -> None:
     project = Path(__file__).resolve().parents[2]
     try:
         root.chmod(0o777)
-        env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(project), "HOME": str(root),
-               "ROLLSTREAM_SANDBOX_ROOT": str(root), "ROLLSTREAM_SANDBOX": "bwrap"}
+        env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(project), "HOME": str(root)}
         limits = {"disk_mb": DISK.disk_mb, "file_size_mb": DISK.file_size_mb}
-        probe = subprocess.run([*prefix, "-c", PROBE, json.dumps(limits), ABUSE],
+        probe = subprocess.run([*prefix, "-c", PROBE, json.dumps(limits), ABUSE, str(root)],
                                capture_output=True, text=True, env=env, timeout=300)
         assert probe.returncode == 0, probe.stderr
         assert "no disk quota" not in probe.stderr, probe.stderr  # the fallback's warning
@@ -148,8 +154,8 @@ LEAVE_BEHIND = {
 @pytest.mark.parametrize("command", LEAVE_BEHIND.values(), ids=LEAVE_BEHIND.keys())
 def test_nothing_a_command_started_outlives_it(backend: str, command: str) -> None:
     async def body():
-        sandbox = await create_sandbox(SandboxSpec(limits=Limits(max_processes=64,
-                                                                 timeout_s=10)))
+        sandbox = await _sandboxes().create(
+            SandboxSpec(limits=Limits(max_processes=64, timeout_s=10)))
         try:
             first = await sandbox.exec(command, timeout_s=5)
             # The next command forks as much as it needs, as if it were the first.

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from rollstream.sandbox import Limits, SandboxSpec
-from rollstream.sandbox.backends import BACKEND_ENV, backend_name, unavailable
+from rollstream.sandbox import Limits, SandboxError, Sandboxes, SandboxSettings, SandboxSpec
+from rollstream.sandbox.backends import unavailable
 from rollstream.sandbox.docker import DEFAULT_IMAGE, KEEPER, LABEL, OWNER_LABEL, DockerBackend
 from rollstream.sandbox.docker import available as docker_available
 
@@ -139,13 +139,28 @@ def test_container_is_locked_down_and_labelled_and_exec_has_a_timeout() -> None:
     assert backend.leases() == []
 
 
-def test_a_task_with_an_image_needs_docker(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(BACKEND_ENV, "auto")
+def test_a_task_with_an_image_needs_docker() -> None:
+    sandboxes = Sandboxes(SandboxSettings(backend="auto"))
     if unavailable("docker") is None:
-        assert backend_name("img:1") == "docker"
+        assert sandboxes.backend_name("img:1") == "docker"
     else:
-        with pytest.raises(Exception, match="no sandbox backend for image 'img:1'.*docker"):
-            backend_name("img:1")
+        with pytest.raises(SandboxError, match="no sandbox backend for image 'img:1'.*docker"):
+            sandboxes.backend_name("img:1")
+
+
+def test_an_unknown_backend_setting_is_named() -> None:
+    with pytest.raises(SandboxError, match="ROLLSTREAM_SANDBOX='podman'; choose one of auto"):
+        Sandboxes(SandboxSettings(backend="podman")).backend_name(None)
+
+
+def test_a_task_without_an_image_gets_the_image_handed_to_the_backend() -> None:
+    client = _Client()
+    backend = DockerBackend(client, image="site/base:1")
+
+    async def body():
+        await (await backend.create(SandboxSpec())).destroy()
+    asyncio.run(body())
+    assert client.containers.runs[0]["image"] == "site/base:1"
 
 
 @pytest.mark.skipif(NO_DOCKER is not None, reason=f"{NO_DOCKER}")

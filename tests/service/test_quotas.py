@@ -37,10 +37,10 @@ from rollstream.envs.arithmetic import Arithmetic
 from rollstream.envs.base import Environment, Score, StepResult
 from rollstream.inference.routing import Router
 from rollstream.runtime import Stage, StageRuntime
-from rollstream.sandbox import Sandbox, SandboxSpec, create_sandbox, get_backend
+from rollstream.sandbox import Sandbox, SandboxSpec, get_backend
 from rollstream.service import jobs
 from rollstream.service.fleet import Fleet
-from rollstream.service.quotas import portion
+from rollstream.service.quotas import JobQuotas, portion
 from stages.eval import EvalStage
 from stages.init import InitStage
 from stages.run import RunStage
@@ -48,7 +48,7 @@ from stages.run import RunStage
 PARTITIONS = 2
 
 # Builds a job's stage, as a fleet's MakeStage does, given the one shared router too.
-MakeStage = Callable[[Settings, Job, Callable[[], int], Router], Stage]
+MakeStage = Callable[[Settings, JobQuotas, Callable[[], int], Router], Stage]
 
 
 def trajectories(settings: Settings, topic: str) -> list[dict]:
@@ -112,7 +112,7 @@ async def serving(settings: Settings, stages: dict[str, MakeStage],
     router = Router([url], max_episodes=8)
     await router.start()
     fleets = {name: Fleet(replace(settings, policy_url=url, server_max_in_flight=8),
-                          lambda s, job, share, make=make: make(s, job, share, router),
+                          lambda s, quotas, share, make=make: make(s, quotas, share, router),
                           slots=(lambda: eval_slots) if name == "eval" else router.slots,
                           drain_timeout_s=5)
               for name, make in stages.items()}
@@ -131,10 +131,14 @@ async def serving(settings: Settings, stages: dict[str, MakeStage],
         await server.stop()
 
 
-INIT = {"init": lambda s, job, share, router: InitStage(s)}
-RUN = {"run": lambda s, job, share, router: RunStage(s, router=router, share=share)}
-EVAL = {"eval": lambda s, job, share, router: EvalStage(s)}
-EVAL_SHARED = {"eval": lambda s, job, share, router: EvalStage(s, share=share)}
+INIT = {"init": lambda s, quotas, share, router: InitStage(s, quotas=quotas)}
+RUN = {"run": lambda s, quotas, share, router: RunStage(s, router=router, share=share,
+                                                       quotas=quotas)}
+# RUN of a job with servers of its own: its own router, outside the share.
+RUN_OWN = {"run": lambda s, quotas, share, router: RunStage(s, quotas=quotas)}
+EVAL = {"eval": lambda s, quotas, share, router: EvalStage(s, quotas=quotas)}
+EVAL_SHARED = {"eval": lambda s, quotas, share, router: EvalStage(s, share=share,
+                                                                  quotas=quotas)}
 
 
 def test_turns_per_second_stay_at_the_quota(settings: Settings, make_jobs) -> None:
@@ -259,8 +263,7 @@ def test_a_job_with_servers_of_its_own_keeps_its_episode_quota(settings: Setting
             return await all_have(settings, [trajectories], per_job)
 
         try:
-            await serving(settings, INIT | {"run": lambda s, job, share, router: RunStage(s)},
-                          finished)
+            await serving(settings, INIT | RUN_OWN, finished)
         finally:
             await own.stop()
 
@@ -283,9 +286,8 @@ def test_the_episode_quota_holds_over_the_fleet_not_in_each_process(settings: Se
             most[0] = max(most[0], sum(r.in_flight for r in await split.runtimes(fleets)))
             return await split.finished()
 
-        run = {"run": lambda s, job, share, router: RunStage(s)}
         try:
-            await serving(settings, INIT | run | {"run too": run["run"]}, finished)
+            await serving(settings, INIT | RUN_OWN | {"run too": RUN_OWN["run"]}, finished)
         finally:
             await own.stop()
         assert split.held[-1] == [{0}, {1}], split.held[-1]  # both took part to the end
@@ -354,7 +356,7 @@ class Sandboxed(Environment):
     live: dict[str, Sandbox] = {}
 
     async def reset(self, task: dict) -> dict:
-        sandbox = await create_sandbox(SandboxSpec(labels={"stage": "run"}))
+        sandbox = await self.sandboxes.create(SandboxSpec(labels={"stage": "run"}))
         self.live[sandbox.id] = sandbox
         return {"sandbox": sandbox.id}
 
@@ -363,7 +365,7 @@ class Sandboxed(Environment):
         return StepResult(None, True, None, state)
 
     async def evaluate(self, task: dict, trajectory: dict) -> Score:
-        async with await create_sandbox(SandboxSpec(labels={"stage": "eval"})):
+        async with await self.sandboxes.create(SandboxSpec(labels={"stage": "eval"})):
             await asyncio.sleep(0.3)
         return Score(1.0, "ok", {})
 
@@ -378,15 +380,15 @@ def test_a_job_never_has_more_sandboxes_open_than_its_quota(
         settings: Settings, make_jobs, monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
     monkeypatch.setattr(registry, "_environments",
                         lambda: {**registry.BUILTINS, Sandboxed.name: Sandboxed})
-    monkeypatch.setenv("ROLLSTREAM_SANDBOX_ROOT", str(tmp_path))
-    monkeypatch.setenv("ROLLSTREAM_SANDBOX", "bwrap")
+    # Handed to the stages with their settings, as a fleet's process does.
+    settings = replace(settings, sandbox="bwrap", sandbox_root=str(tmp_path))
     made = {"capped": make_jobs("capped", quota_sandboxes=2), "open": make_jobs("open")}
     per_job = 8
     for name, job in made.items():
         publish(jobs.job_settings(settings, job), tasks(name, per_job, env="sandboxed"))
     scored = {name: jobs.job_settings(settings, job).topics.scored for name, job in made.items()}
     most = dict.fromkeys(made, 0)
-    backend = get_backend("bwrap")
+    backend = get_backend("bwrap", settings.sandbox_settings())
     done = threading.Event()
 
     def look() -> None:

@@ -32,7 +32,7 @@ from rollstream.envs.swe.instance import SweInstance
 from rollstream.envs.swe.tool_calls import MalformedCall, parse_tool_calls
 from rollstream.envs.swe.tools import Tools
 from rollstream.envs.swe.workspace import WorkspaceError
-from rollstream.sandbox import Sandbox, SandboxError, create_sandbox
+from rollstream.sandbox import Sandbox, SandboxError
 from rollstream.sandbox.capture import head_tail_text
 
 log = logging.getLogger(__name__)
@@ -115,7 +115,7 @@ class SweEnv(Environment):
             return Score(0.0, "truncated", {"reason": "token budget spent"})
         if not state.get("submitted"):
             return agent_failure(exit_reason or "no submit", patch=state.get("patch", ""))
-        return await grade(SweInstance.from_task(task), state.get("patch", ""))
+        return await grade(SweInstance.from_task(task), state.get("patch", ""), self.sandboxes)
 
     async def close(self, task: dict, state: dict) -> None:
         sandbox = self._live.pop(state.get("sandbox") or "", None)
@@ -137,7 +137,7 @@ class SweEnv(Environment):
         """A sandbox holding the episode's workspace: the task's repository at its base, plus
         the state's patch when resuming. Records failures in `state` (None is returned)."""
         try:
-            sandbox = await create_sandbox(sandbox_spec(instance, stage="run"))
+            sandbox = await self.sandboxes.create(sandbox_spec(instance, stage="run"))
         except SandboxError as exc:
             self._fail(state, "infra", f"sandbox: {exc}")
             return None

@@ -29,13 +29,13 @@ import uuid
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
-from rollstream.envs.base import Score, agent_failure
+from rollstream.envs.base import Score, agent_failure, process_sandboxes
 from rollstream.envs.swe import workspace
 from rollstream.envs.swe.instance import SweInstance, patch_files
 from rollstream.envs.swe.junit import JUNIT_OPTIONS, parse_junit
 from rollstream.envs.swe.log_parsers import PASSING, get_parser
 from rollstream.envs.swe.workspace import WorkspaceError
-from rollstream.sandbox import ExecResult, Sandbox, SandboxError, SandboxSpec, create_sandbox
+from rollstream.sandbox import ExecResult, Sandbox, SandboxError, Sandboxes, SandboxSpec
 
 LOG_BYTES = 4 << 20  # test logs: the summary is at the end, so the tail is kept
 REPORT_BYTES = 16 << 20
@@ -72,11 +72,12 @@ def sandbox_spec(instance: SweInstance, **labels: str) -> SandboxSpec:
     return SandboxSpec(image=instance.image, labels={"task": instance.instance_id, **labels})
 
 
-async def grade(instance: SweInstance, patch: str) -> Score:
-    """Score `patch` (the agent's diff) against the task's tests."""
+async def grade(instance: SweInstance, patch: str, sandboxes: Sandboxes | None = None) -> Score:
+    """Score `patch` (the agent's diff) against the task's tests, in a sandbox from `sandboxes`
+    (None: the process's settings)."""
     if not patch.strip():
         return agent_failure("empty patch")
-    run = await run_tests(instance, patch)
+    run = await run_tests(instance, patch, sandboxes)
     if isinstance(run, Score):
         return run
     failing = resolution(instance, run.statuses)
@@ -101,11 +102,14 @@ class SuiteRun:
     restored: list[str]  # files put back as at the base commit
 
 
-async def run_tests(instance: SweInstance, patch: str) -> SuiteRun | Score:
-    """Run the task's tests on `patch` in a fresh sandbox; a Score when they could not run
-    (the patch is refused or does not apply, the task or the sandbox failed)."""
+async def run_tests(instance: SweInstance, patch: str,
+                    sandboxes: Sandboxes | None = None) -> SuiteRun | Score:
+    """Run the task's tests on `patch` in a fresh sandbox from `sandboxes` (None: the process's
+    settings); a Score when they could not run (the patch is refused or does not apply, the
+    task or the sandbox failed)."""
     try:
-        sandbox = await create_sandbox(sandbox_spec(instance, stage="eval"))
+        sandbox = await (sandboxes or process_sandboxes()).create(
+            sandbox_spec(instance, stage="eval"))
     except SandboxError as exc:
         return Score(None, "infra", {"reason": f"sandbox: {exc}"})
     try:
