@@ -87,6 +87,18 @@ def test_the_first_screen_has_the_diagram_the_prerequisites_and_both_commands() 
         assert shown in head, shown
 
 
+def test_measured_times_live_below_the_first_screen() -> None:
+    """Numbers that change with each measurement have their section further down; the first
+    screen says what Rollstream is and how to start it, and links there."""
+    lines = README.read_text().splitlines()
+    head, rest = "\n".join(lines[:FIRST_SCREEN]), "\n".join(lines[FIRST_SCREEN:])
+    timing = re.compile(r"\b\d+(?:-\d+)? s\b")
+    assert not timing.findall(head), timing.findall(head)
+    assert "(#measured-set-up-and-the-demo)" in head
+    assert "measured-set-up-and-the-demo" in _anchors(README)
+    assert re.search(r"`make demo` took \d+ s", rest)
+
+
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_relative_link_leads_to_a_file_and_heading_that_exist(doc: Path) -> None:
     broken = []
