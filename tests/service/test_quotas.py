@@ -37,13 +37,14 @@ from rollstream.envs.arithmetic import Arithmetic
 from rollstream.envs.base import Environment, Score, StepResult
 from rollstream.inference.routing import Router
 from rollstream.runtime import Stage, StageRuntime
-from rollstream.sandbox import Sandbox, SandboxSpec, get_backend
+from rollstream.sandbox import Sandbox, Sandboxes, SandboxSpec, get_backend
 from rollstream.service import jobs
 from rollstream.service.fleet import Fleet
 from rollstream.service.quotas import JobQuotas, portion
 from stages.eval import EvalStage
 from stages.init import InitStage
 from stages.run import RunStage
+from tests.helpers.sandbox_helpers import needs_bwrap
 
 PARTITIONS = 2
 
@@ -413,6 +414,28 @@ def test_a_job_never_has_more_sandboxes_open_than_its_quota(
     assert most["capped"] == 2, most  # at its quota, never past it
     assert most["open"] > 2, most
     assert backend.leases() == []  # every sandbox destroyed
+
+
+@needs_bwrap
+def test_sandboxes_handed_a_jobs_quotas_label_them_and_wait_for_a_slot(tmp_path) -> None:
+    """Without Kafka: the job's quotas, handed to Sandboxes, hold a second sandbox back while
+    the one slot of quota_sandboxes=1 is taken, and label each with the job's name."""
+    settings = Settings(sandbox="bwrap", sandbox_root=str(tmp_path))
+    quotas = JobQuotas(jobs.new_job("capped", "cluster", quota_sandboxes=1), settings, "run")
+    sandboxes = Sandboxes(settings.sandbox_settings(), quotas)
+    backend = sandboxes.backend("bwrap")
+
+    async def main() -> None:
+        first = await sandboxes.create(SandboxSpec())
+        second = asyncio.ensure_future(sandboxes.create(SandboxSpec()))
+        await asyncio.sleep(1.0)
+        assert not second.done()  # waiting for the slot
+        assert [lease.labels["job"] for lease in backend.leases()] == ["capped"]
+        await first.destroy()
+        await (await asyncio.wait_for(second, 10)).destroy()
+
+    asyncio.run(main())
+    assert backend.leases() == []
 
 
 def test_init_stops_taking_a_jobs_tasks_at_its_queue_quota(settings: Settings,
