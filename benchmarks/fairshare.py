@@ -49,6 +49,7 @@ from rollstream.inference.routing import Router
 from rollstream.runtime import Stage
 from rollstream.service import jobs
 from rollstream.service.fleet import Fleet
+from rollstream.service.quotas import JobQuotas
 from stages.run import RunStage
 
 NAME = "fairshare"
@@ -163,10 +164,10 @@ class Cluster:
         router = Router(urls, max_episodes=SLOTS, health_interval_s=0.5)
         await router.start()
 
-        def make_stage(s: Settings, job: Job, share: Callable[[], int]) -> Stage:
-            if job["policy_urls"]:  # a dedicated server: its own router
-                return RunStage(s)
-            return RunStage(s, router=router, share=share)
+        def make_stage(s: Settings, quotas: JobQuotas, share: Callable[[], int]) -> Stage:
+            if quotas.job["policy_urls"]:  # a dedicated server: its own router
+                return RunStage(s, quotas=quotas)
+            return RunStage(s, router=router, share=share, quotas=quotas)
 
         fleet = Fleet(run_settings, make_stage, drain_timeout_s=5, slots=router.slots)
         served = asyncio.create_task(fleet.serve())
