@@ -44,17 +44,24 @@ def summary(path: Path) -> str:
     return re.split(r"(?<=\.)\s+(?=[A-Z`])", paragraph)[0]
 
 
+def may_import(number: int, count: int, independent: bool) -> str:
+    below = ("nothing in rollstream" if number == count else f"layer {count}"
+             if number + 1 == count else f"layers {number + 1}-{count}")
+    return below if independent else f"its own layer, {below}"
+
+
 def render() -> str:
-    rows = ["| layer | package | what it holds |", "| --- | --- | --- |"]
-    for number, (names, independent) in enumerate(layers(), start=1):
-        layer = str(number) if independent or len(names) == 1 else f"{number} (import each other)"
+    rows = ["| layer | package | may import | what it holds |", "| --- | --- | --- | --- |"]
+    found = layers()
+    for number, (names, independent) in enumerate(found, start=1):
+        allowed = may_import(number, len(found), independent or len(names) == 1)
         for name in names:
             path = source(name)
             shown = f"{name}/" if path.name == "__init__.py" else path.name
             target = f"../rollstream/{shown}"
             # A `|` inside a table cell, code spans too, ends the cell unless escaped.
             holds = summary(path).replace("|", "\\|")
-            rows.append(f"| {layer} | [`{shown}`]({target}) | {holds} |")
+            rows.append(f"| {number} | [`{shown}`]({target}) | {allowed} | {holds} |")
     return "\n".join([BEGIN, *rows, END])
 
 
@@ -83,6 +90,13 @@ def test_every_package_says_what_it_holds() -> None:
     paths = [*PACKAGE.rglob("__init__.py"), *(p for p in PACKAGE.glob("*.py"))]
     silent = [str(p.relative_to(ROOT)) for p in paths if len(summary(p)) < 12]
     assert silent == []
+
+
+def test_what_a_layer_may_import() -> None:
+    assert may_import(1, 13, True) == "layers 2-13"
+    assert may_import(12, 13, True) == "layer 13"
+    assert may_import(13, 13, True) == "nothing in rollstream"
+    assert may_import(5, 13, False) == "its own layer, layers 6-13"
 
 
 def test_the_summary_is_the_first_sentence(tmp_path: Path) -> None:
