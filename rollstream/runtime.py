@@ -19,7 +19,7 @@ from the shared consume loop (rollstream/consume/) and produces its outputs ther
 - events that cannot be decoded or are invalid go to the dead-letter topic with their reason
   and source coordinates, in the same transaction; the stage keeps going; poison outputs
   cannot stop a partition (rollstream/consume/deadletters.py);
-- the transaction is `rollstream.cluster.transaction.Checkpoint`, which classifies every Kafka
+- the transaction is `rollstream.cluster.transaction.Transaction`, which classifies every Kafka
   error: retriable ones are retried (bounded), abortable ones abort, fenced or fatal ones rebuild
   the producer; either way the runtime rewinds to the committed offsets and redoes what was not
   committed. A consumer that hits a fatal error is rebuilt and rejoins
@@ -159,7 +159,7 @@ class StageRuntime:
                                 restores=True,
                                 health_name=" ".join(filter(None, ("stage", stage.name, label))),
                                 deadline=self.stopping.deadline)
-        self.checkpoint = self.loop.checkpoint
+        self.transaction = self.loop.transaction
         self.stats = self.loop.stats
         self.metrics = self.loop.metrics
         self.codec = codec()
@@ -172,7 +172,7 @@ class StageRuntime:
             self.codec.check_header if record is None
             else functools.partial(self.codec.decode_as, record))
         self._tasks: dict[asyncio.Task, tuple[int, Message]] = {}
-        # What events emitted while the checkpoint waited on the cluster, for the next
+        # What events emitted while the transaction waited on the cluster, for the next
         # transaction (see the module's docstring); None while it does not.
         self._emitted: list[tuple[Message, Output, bytes | None]] | None = None
         # Async stages: events fetched that wait for the stage's capacity, oldest first.
@@ -224,8 +224,8 @@ class StageRuntime:
         log.info("stage %s stopped: %s", self.stage.name, dict(self.stats))
 
     async def _step(self) -> None:
-        if self.checkpoint.producer is None:  # dropped with a failed transaction
-            await self._out(finish_async(self.checkpoint.opening()))
+        if self.transaction.producer is None:  # dropped with a failed transaction
+            await self._out(finish_async(self.transaction.opening()))
         took = self._poll()
         if self.loop.recover():
             return
@@ -241,7 +241,7 @@ class StageRuntime:
         await self._out(self.loop.commit_async(serve))
 
     async def _out(self, work: Awaitable[None]) -> None:
-        """Wait for the checkpoint's `work` on the cluster, the event loop going on meanwhile;
+        """Wait for the transaction's `work` on the cluster, the event loop going on meanwhile;
         then produce what events emitted in the while, into the next transaction."""
         self._emitted = []
         try:
@@ -478,14 +478,14 @@ class StageRuntime:
 
     def _produce(self, out: Output, value: bytes | None) -> None:
         """Into the open transaction; raises RecordRefused for a record the client refuses."""
-        self.checkpoint.produce(out.topic, value, out.key, out.partition)
+        self.transaction.produce(out.topic, value, out.key, out.partition)
         self.metrics.produced(out.topic)
 
     def _emit(self, out: Output) -> None:
         self._produce(out, self.encoder.encode(out))
 
     def _emit_during(self, msg: Message, out: Output) -> None:
-        """An async event's emit: kept for the next transaction while the checkpoint waits on
+        """An async event's emit: kept for the next transaction while the transaction waits on
         the cluster (a commit out)."""
         if self._emitted is None:
             self._emit(out)

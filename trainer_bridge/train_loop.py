@@ -88,7 +88,7 @@ def _train_from_latest(settings: Settings, checkpoint_dir: Path, *, groups_per_b
     base_consumed = int(latest["metrics"].get(CONSUMED, 0)) if latest is not None else 0
     log.info("training from policy version %d (%s)", policy.version, start or "seed weights")
     steps = trained = 0
-    with TrainerBridge(settings, groups_per_batch, group_policy, transactional=True) as bridge:
+    with TrainerBridge(settings, groups_per_batch, group_policy) as bridge:
         bridge.current_version = policy.version
         for batch in bridge.batches(max_steps, idle_timeout_s):
             event = trainer.step(batch)

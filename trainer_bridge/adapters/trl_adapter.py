@@ -371,7 +371,7 @@ def train(settings: Settings, model_dir: Path, checkpoint_dir: Path, *, max_step
     `published` lists the versions this run committed). `policy` is the bridge's group policy;
     `config` goes to GRPOConfig."""
     start, version = start_from(settings, Path(model_dir))
-    bridge = TrainerBridge(settings, groups_per_batch, policy, transactional=True)
+    bridge = TrainerBridge(settings, groups_per_batch, policy)
     rollouts = BridgeRollouts(bridge, checkpoint_dir, version, idle_timeout_s)
     # The prompts are only a count here: the rollouts are the scored topic's, prompts included.
     trainer = grpo_trainer(rollouts, Path(model_dir), start,
