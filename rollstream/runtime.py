@@ -64,7 +64,7 @@ from rollstream.cluster.transaction import (
 from rollstream.config import Settings, Topics
 from rollstream.consume.commit import CommitClock
 from rollstream.consume.deadletters import Encoder, dead_letter
-from rollstream.consume.loop import ConsumeLoop
+from rollstream.consume.loop import MAX_BATCH, ConsumeLoop
 from rollstream.consume.records import InvalidEvent, Output, OutputTooLarge
 from rollstream.consume.restores import Restores
 from rollstream.consume.stopping import Stopping
@@ -76,7 +76,6 @@ __all__ = ["EventContext", "InvalidEvent", "Output", "OutputTooLarge", "Stage", 
 
 log = logging.getLogger("rollstream.runtime")
 
-MAX_BATCH = 500  # events taken from the consumer per loop iteration
 REPORT_S = 10.0  # how often the stage's counts are logged
 IDLE_S = 0.05  # how long an idle runtime waits for input (blocking alone, yielding when shared)
 DRAIN_COMMIT_S = 1.0  # how often a draining runtime commits what finished meanwhile
@@ -226,8 +225,8 @@ class StageRuntime:
     async def _step(self) -> None:
         if self.transaction.producer is None:  # dropped with a failed transaction
             await self._out(finish_async(self.transaction.opening()))
-        took = self._poll()
-        if self.loop.recover():
+        took = self._take()
+        if took is None:  # the loop rewound or rebuilt its consumer: what was taken is gone
             return
         self.restores.start(self.loop.take_assigned())
         await self._wait(took)
@@ -289,25 +288,27 @@ class StageRuntime:
 
     # -- dispatch ----------------------------------------------------------------------------
 
-    def _poll(self) -> bool:
-        """Take what input there is room for; whether any came or started."""
+    def _take(self) -> bool | None:
+        """Take what input there is room for; whether any came or started (None: the loop
+        recovered instead, see ConsumeLoop.take)."""
         if self._async:
-            return self._poll_async()
+            return self._take_async()
         # A sync handler finishes each event at once, so its batch is only bounded by what one
-        # loop iteration should take.
+        # loop turn should take (an int all the same: partitions past their out-of-order
+        # window stay paused).
         room = self._room()
-        msgs = self._fetch(MAX_BATCH if room is None else min(MAX_BATCH, room))
+        msgs = self._fetch(MAX_BATCH if room is None else room)
         if msgs:
             self._run_sync(msgs)
-        return bool(msgs)
+        return None if msgs is None else bool(msgs)
 
-    def _poll_async(self) -> bool:
+    def _take_async(self) -> bool | None:
         """Fetch within max_in_flight (in flight and waiting together), then start what the
         stage's capacity allows, oldest first."""
         msgs = self._fetch(self.settings.max_in_flight - len(self._tasks) - len(self._waiting))
+        if msgs is None:
+            return None
         self._waiting.extend(msgs)
-        if self.loop.interrupted:  # what is not committed is redone first (see _step)
-            return bool(msgs)
         room = self._room()
         started = self._start_waiting(len(self._waiting) if room is None else room)
         return bool(msgs) or started > 0
@@ -319,17 +320,14 @@ class StageRuntime:
                  None if self.limit is None else self.limit(len(self._tasks)))
         return min((r for r in rooms if r is not None), default=None)
 
-    def _fetch(self, free: int) -> list[Message]:
-        """Up to `free` events; at 0 the partitions are paused and the group is only served."""
-        self.metrics.paused(self.loop.backpressure(free))
+    def _fetch(self, free: int) -> list[Message] | None:
+        """Up to `free` events; at 0 the partitions are paused and the group is only served;
+        None when the loop recovered instead (ConsumeLoop.take)."""
         self.metrics.in_flight(len(self._tasks))
-        if free <= 0:
-            self.loop.keep_alive()
-            return []
         # Block only when nothing is in flight or waiting (they need the loop), and never on a
         # shared loop (the other runtimes need it).
         block = IDLE_S if not self._tasks and not self._waiting and not self.shared else 0
-        return self.loop.poll(min(free, MAX_BATCH), block)
+        return self.loop.take(free, block)
 
     def _start_waiting(self, count: int) -> int:
         """Start up to `count` waiting events, oldest first; a partition whose out-of-order

@@ -146,9 +146,9 @@ class TrainerBridge:
                 produced += 1
                 if max_batches is not None and produced >= max_batches:
                     return
-            self.loop.backpressure(None)  # resumes what a served commit paused
-            msgs = self.loop.poll(500, 0.2)
-            if self.loop.recover():
+            # No bound of its own: this resumes what a served commit paused.
+            msgs = self.loop.take(None, 0.2)
+            if msgs is None:  # rewound or rebuilt: every unacknowledged sample comes again
                 continue
             now = time.monotonic()
             if msgs or (not self.loop.held.progress and now < joining_until):

@@ -16,7 +16,9 @@ What it does for whoever runs on it (the stage runtime, the trainer bridge):
   rebuilt and rejoins; an id that another live process keeps fencing stops the process with a
   message saying so (`IdInUse`).
 
-The owner keeps its in-flight work; the loop tells it, through `Work`, when work must go.
+The owner keeps its in-flight work; the loop tells it, through `Work`, when work must go. Each
+turn of an owner's loop is the consume loop's: `take` (backpressure, poll, recover), the owner's
+handling of what came, then `commit` or `commit_async` when the owner says it is time.
 """
 
 from __future__ import annotations
@@ -52,6 +54,8 @@ from rollstream.consume.held import Held
 from rollstream.telemetry import health, metrics
 
 log = logging.getLogger("rollstream.consume")
+
+MAX_BATCH = 500  # events taken from the consumer per turn
 
 
 class Work(Protocol):
@@ -115,6 +119,21 @@ class ConsumeLoop:
                                 on_revoke=self._on_revoke, on_lost=self._on_lost)
 
     # -- polling -----------------------------------------------------------------------------
+
+    def take(self, free: int | None, timeout_s: float) -> list[Message] | None:
+        """A turn's intake, the same for every owner: pause what must not hand out events now
+        (`free`: how many more the owner takes; None: no bound of its own), poll up to that
+        many (MAX_BATCH at most; at 0 only the group is served, waiting `timeout_s` at most for
+        the first), then recover what a callback or an error left to redo. None: the consumer
+        was rebuilt or rewound, the owner's work since the last commit dropped (Work.forget);
+        the owner's turn ends there."""
+        self.metrics.paused(self.backpressure(free))
+        if free is not None and free <= 0:
+            self.keep_alive()
+            msgs = []
+        else:
+            msgs = self.poll(MAX_BATCH if free is None else min(free, MAX_BATCH), timeout_s)
+        return None if self.recover() else msgs
 
     def poll(self, limit: int, timeout_s: float) -> list[Message]:
         """Up to `limit` events of held partitions: waits up to `timeout_s` for the first, then
