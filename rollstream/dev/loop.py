@@ -146,7 +146,7 @@ class ClosedLoop:
         "default": its turns would record -1, unknown), through the controller's own path."""
         import asyncio
 
-        from rollstream.inference.controller import apply_policy
+        from rollstream.controller.apply import apply_policy
 
         event = {"version": 0, "kind": "full", "uri": str(model), "step_id": "base",
                  "metrics": {}, "created_at_ms": 0}
