@@ -34,10 +34,11 @@ from rollstream.cluster import kafka
 from rollstream.config import Settings
 from rollstream.contracts.codec import codec
 from rollstream.contracts.events import EPISODE, TRAJECTORY
+from rollstream.contracts.inference import EmbeddedChatTemplate
 from rollstream.envs.base import Environment
 from rollstream.envs.registry import UnknownEnv, get_env
 from rollstream.gateway.server import Gateway
-from rollstream.inference.chat import ChatTemplate, EmbeddedChatTemplate
+from rollstream.inference.chat import ChatTemplate
 from rollstream.inference.routing import Router
 from rollstream.runtime import EventContext, InvalidEvent, Output, Stage
 from rollstream.turns import Episode, EpisodeEnded, Turns, now_ms

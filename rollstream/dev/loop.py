@@ -32,7 +32,7 @@ def write_base_policy(path: Path, alphabet: str = LETTERS, seed: int = 0) -> Non
     """Version 0: seed weights whose output layer favours the alphabet and the end token."""
     import torch
 
-    from rollstream.inference.tokenizer import END
+    from rollstream.contracts.inference import END
     from rollstream.policy_server.model import build_model, save
 
     model = build_model(seed)

@@ -10,9 +10,9 @@ from collections import Counter
 import pytest
 
 from rollstream.contracts.codec import unpack_ids
+from rollstream.contracts.inference import EmbeddedChatTemplate
 from rollstream.contracts.wire import lora_name
 from rollstream.dev.simulated import Fleet, SimulatedServer
-from rollstream.inference.chat import EmbeddedChatTemplate
 from rollstream.inference.routing import UNKNOWN_VERSION, Router, VersionUnknown
 from rollstream.runtime import EventContext
 from stages.eval import EvalStage
