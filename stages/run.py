@@ -35,7 +35,7 @@ from rollstream.config import Settings
 from rollstream.contracts.codec import codec
 from rollstream.contracts.events import EPISODE, TRAJECTORY
 from rollstream.contracts.inference import EmbeddedChatTemplate
-from rollstream.envs.base import Environment
+from rollstream.envs.base import Environment, EnvKind
 from rollstream.envs.registry import UnknownEnv, get_env
 from rollstream.gateway.server import Gateway
 from rollstream.inference.chat import ChatTemplate
@@ -47,6 +47,24 @@ log = logging.getLogger("rollstream.run")
 
 # Plays one episode of an environment to its end (an environment kind's player).
 Player = Callable[[Environment, dict, EventContext], Awaitable[None]]
+# Builds a kind's player for the RUN stage it plays for (once the stage has started).
+PlayerFactory = Callable[["RunStage"], Player]
+
+# Players by environment kind (rollstream.envs.base.ENV_KINDS), registered with `player`, as
+# verl registers its agent loops: RUN plays an episode with its environment kind's player.
+PLAYERS: dict[str, PlayerFactory] = {}
+
+
+def player(kind: EnvKind) -> Callable[[PlayerFactory], PlayerFactory]:
+    """Register the decorated factory as the player of environments of `kind`."""
+
+    def register(factory: PlayerFactory) -> PlayerFactory:
+        if kind in PLAYERS:
+            raise ValueError(f"a player for environment kind {kind!r} is registered already")
+        PLAYERS[kind] = factory
+        return factory
+
+    return register
 
 
 SYSTEM_PROMPT_KEY = "system_prompt"  # in Task.metadata: the task's system message
@@ -125,7 +143,7 @@ class RunStage(Stage):
         assert self.router is not None
         self.turns = Turns(self.router, self.template, self.checkpoint)
         self.gateway = Gateway(self.turns, port=self.settings.gateway_port)
-        self.players = {"steps": self._play, "harness": self.gateway.play}
+        self.players = {kind: make(self) for kind, make in PLAYERS.items()}
 
     async def close(self) -> None:
         if self._own_router and self.router is not None:
@@ -232,3 +250,16 @@ class RunStage(Stage):
             env_started = time.perf_counter()
             step = await env.step(task, episode.state, sampled.completion.text)
             self.turns.record(episode, sampled, step, (time.perf_counter() - env_started) * 1000)
+
+
+@player("steps")
+def _steps(stage: RunStage) -> Player:
+    """RUN's own loop: an environment that steps each completion."""
+    return stage._play
+
+
+@player("harness")
+def _harness(stage: RunStage) -> Player:
+    """A harness that runs its own loop against RUN's recording gateway."""
+    assert stage.gateway is not None  # made in start(), before the players
+    return stage.gateway.play
