@@ -48,7 +48,7 @@ from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, TypeVar, cast
 
 from confluent_kafka import Message
 
@@ -90,8 +90,13 @@ class EventContext:
     emit: Callable[[Output], None]
 
 
-class Stage(ABC):
-    """What a stage does with one event. Subclasses say nothing about Kafka."""
+# The event a stage takes: the TypedDict of its input record (rollstream.contracts.events), or
+# bytes for a stage that forwards events unchanged (input_record None).
+E = TypeVar("E")
+
+
+class Stage(ABC, Generic[E]):
+    """What a stage does with one event, of type E. Subclasses say nothing about Kafka."""
 
     name: ClassVar[str]
     # The schema input events must have; None hands `handle` the raw bytes (a forwarding stage
@@ -106,7 +111,7 @@ class Stage(ABC):
     def input_topic(self) -> str: ...
 
     @abstractmethod
-    def handle(self, event: dict, ctx: EventContext) -> list[Output] | Awaitable[list[Output]]:
+    def handle(self, event: E, ctx: EventContext) -> list[Output] | Awaitable[list[Output]]:
         """Turn one input event into its outputs (sync, or async for I/O-bound stages)."""
 
     async def restore(self, partitions: list[int]) -> None:
@@ -140,7 +145,7 @@ class Stage(ABC):
 class StageRuntime:
     """Runs a stage on the consume loop: dispatch (sync or async), restores, drain."""
 
-    def __init__(self, stage: Stage, settings: Settings, drain_timeout_s: float = 30.0, *,
+    def __init__(self, stage: Stage[Any], settings: Settings, drain_timeout_s: float = 30.0, *,
                  shared: bool = False, label: str = "",
                  limit: Callable[[int], int | None] | None = None) -> None:
         """`shared`: one of several runtimes on one event loop (see the module's docstring);
@@ -358,8 +363,10 @@ class StageRuntime:
                 continue
             offset = msg.offset()
             try:
-                outputs = handle(decode(msg.value()),
-                                 EventContext(msg.partition(), offset, self._emit))
+                # A sync stage's handle returns its outputs (`_async` says which).
+                outputs = cast(list[Output], handle(decode(msg.value()),
+                                                    EventContext(msg.partition(), offset,
+                                                                 self._emit)))
                 # Encoded (and size-checked) before any is produced: an output that cannot be
                 # produced dead-letters its input instead of poisoning the transaction.
                 records = [(out, encode(out)) for out in outputs]
@@ -431,9 +438,9 @@ class StageRuntime:
                   "".join(traceback.format_exception(exc)))
         return f"stage error: {type(exc).__name__}: {exc}"
 
-    async def _call(self, event: dict, ctx: EventContext) -> tuple[list[Output], str | None]:
+    async def _call(self, event: Any, ctx: EventContext) -> tuple[list[Output], str | None]:
         try:
-            return await self.stage.handle(event, ctx), None  # type: ignore[misc]
+            return await cast(Awaitable[list[Output]], self.stage.handle(event, ctx)), None
         except (asyncio.CancelledError, Interrupt):
             raise
         except Exception as exc:

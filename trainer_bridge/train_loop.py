@@ -83,7 +83,8 @@ def _train_from_latest(settings: Settings, checkpoint_dir: Path, *, groups_per_b
                        on_step: Callable[[dict], None]) -> None:
     latest = policy_versions.latest(settings)
     start = Path(latest["uri"]) if latest is not None else (hf_model or init_checkpoint)
-    policy = HFPolicy(start) if hf_model is not None else TinyPolicy(start)
+    # With an HF model, start is never None: the latest version's weights, or the model's.
+    policy = HFPolicy(start) if hf_model is not None and start is not None else TinyPolicy(start)
     trainer = GRPOTrainer(policy, checkpoint_dir, policy.version, config)
     base_consumed = int(latest["metrics"].get(CONSUMED, 0)) if latest is not None else 0
     log.info("training from policy version %d (%s)", policy.version, start or "seed weights")

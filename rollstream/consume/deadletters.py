@@ -66,7 +66,9 @@ class Encoder:
     def encode(self, out: Output) -> bytes | None:
         """The output's bytes; raises OutputTooLarge over its topic's limit."""
         value = out.value
-        if isinstance(value, dict):
+        if value is not None and not isinstance(value, bytes):  # an event
+            if out.record is None:
+                raise ValueError(f"an output to {out.topic} holds an event but names no record")
             value = self.codec.encode(out.record, value)
         limit = self.limits.get(out.topic)
         if limit is not None and value is not None and len(value) > limit // 4:  # cheap first

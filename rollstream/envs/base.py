@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-from rollstream.contracts.events import FailureClass
+from rollstream.contracts.events import FailureClass, Task, Termination, Trajectory
 
 
 class InvalidTask(ValueError):
@@ -68,28 +68,29 @@ class Environment(ABC):
     observation_role: ClassVar[str] = "user"
 
     @abstractmethod
-    async def reset(self, task: dict) -> dict:
-        """The initial state (JSON-serializable) for one episode of `task` (a Task dict)."""
+    async def reset(self, task: Task) -> dict:
+        """The initial state (JSON-serializable) for one episode of `task`."""
 
     @abstractmethod
-    async def step(self, task: dict, state: dict, completion_text: str) -> StepResult:
+    async def step(self, task: Task, state: dict, completion_text: str) -> StepResult:
         """Apply one completion to `state`; must not mutate `state`."""
 
     @abstractmethod
-    async def evaluate(self, task: dict, trajectory: dict) -> Score:
-        """Score a finished Trajectory dict. EVAL calls it only when `termination_score` leaves
+    async def evaluate(self, task: Task, trajectory: Trajectory) -> Score:
+        """Score a finished trajectory. EVAL calls it only when `termination_score` leaves
         the score to the environment (DONE, MAX_TURNS)."""
 
     @abstractmethod
-    def validate_task(self, task: dict) -> None:
-        """Raise InvalidTask naming the field if `task` lacks what this environment needs."""
+    def validate_task(self, task: Mapping[str, Any]) -> None:
+        """Raise InvalidTask naming the field if `task` (a Task, or a task file's entry being
+        checked) lacks what this environment needs."""
 
-    async def close(self, task: dict, state: dict) -> None:
+    async def close(self, task: Task, state: dict) -> None:
         """Release what the episode holds (a sandbox), once RUN is done with it, before EVAL."""
 
 
 # Terminations whose score does not depend on any answer; the module docstring says why.
-_TERMINATION_SCORES: dict[str, tuple[float | None, FailureClass]] = {
+_TERMINATION_SCORES: dict[Termination, tuple[float | None, FailureClass]] = {
     "TRUNCATED": (0.0, "truncated"),
     "AGENT_ERROR": (0.0, "agent"),
     "ENV_ERROR": (None, "env"),
@@ -98,7 +99,7 @@ _TERMINATION_SCORES: dict[str, tuple[float | None, FailureClass]] = {
 }
 
 
-def termination_score(trajectory: dict) -> Score | None:
+def termination_score(trajectory: Trajectory) -> Score | None:
     """The Score fixed by how the episode ended, or None when the environment must score it."""
     termination = trajectory.get("termination", "RUNNING")
     fixed = _TERMINATION_SCORES.get(termination)
@@ -114,7 +115,7 @@ def agent_failure(reason: str, **verifier: Any) -> Score:
     return Score(0.0, "agent", {"reason": reason, **verifier})
 
 
-def completions(trajectory: dict) -> list[str]:
+def completions(trajectory: Trajectory) -> list[str]:
     """The model's completion texts, turn by turn."""
     return [turn.get("completion_text", "") for turn in trajectory.get("turns", [])]
 
