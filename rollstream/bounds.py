@@ -97,7 +97,7 @@ def check_task(task: Mapping[str, Any], settings: Settings) -> None:
     _check_episode_size(task)
 
 
-def _check_episode_size(task: dict[str, Any]) -> None:
+def _check_episode_size(task: Mapping[str, Any]) -> None:
     """The largest episode this task expands into must fit the `episodes` topic."""
     last = task["group_size"] - 1
     episode_id = f"{task['task_id']}#{last}"

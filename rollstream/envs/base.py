@@ -173,17 +173,17 @@ class SingleTurnEnvironment(Environment):
     """One completion, one answer: `step` parses it and ends the episode; `evaluate` re-parses
     the recorded completion (the turns are the source of truth) and grades it."""
 
-    async def reset(self, task: dict) -> dict:
+    async def reset(self, task: Task) -> dict:
         return {}
 
-    async def step(self, task: dict, state: dict, completion_text: str) -> StepResult:
+    async def step(self, task: Task, state: dict, completion_text: str) -> StepResult:
         answer = self.parse_answer(completion_text)
         tool_call = None if answer is None else json.dumps({"answer": answer})
         return StepResult(
             observation=None, done=True, tool_call=tool_call, state={"answer": answer}
         )
 
-    async def evaluate(self, task: dict, trajectory: dict) -> Score:
+    async def evaluate(self, task: Task, trajectory: Trajectory) -> Score:
         fixed = termination_score(trajectory)
         if fixed is not None:
             return fixed

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from rollstream.contracts.events import Trajectory
+from rollstream.contracts.events import Termination, Trajectory
 from rollstream.envs.base import StepResult
 from rollstream.gateway.messages import BadChatRequest, PromptBuilder, assistant_message, normalize
 from rollstream.inference.client import InferenceError
@@ -83,7 +83,7 @@ class GatewayEpisode(Playing):
     ended: asyncio.Event = field(default_factory=asyncio.Event)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
-    def end(self, termination: str, detail: str) -> None:
+    def end(self, termination: Termination, detail: str) -> None:
         """Stop the episode (the first reason wins); the harness is stopped by its runner."""
         if not self.ended.is_set():
             super().end(termination, detail)
