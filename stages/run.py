@@ -53,7 +53,7 @@ PlayerFactory = Callable[["RunStage"], Player]
 
 # Players by environment kind (rollstream.envs.base.ENV_KINDS), registered with `player`, as
 # verl registers its agent loops: RUN plays an episode with its environment kind's player.
-PLAYERS: dict[str, PlayerFactory] = {}
+PLAYERS: dict[EnvKind, PlayerFactory] = {}
 
 
 def player(kind: EnvKind) -> Callable[[PlayerFactory], PlayerFactory]:
