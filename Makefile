@@ -188,9 +188,11 @@ demo: venv broker-jars bytecode
 bench: test-venv deps bytecode
 	$(BIN)/python -m benchmarks
 
+# mypy checks the packages that carry the pipeline's events ([tool.mypy] in pyproject.toml).
 lint: test-venv
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports --no-logo
+	$(BIN)/mypy
 	$(BIN)/rollstream schemas check
 
 broker-start: broker-jars

@@ -27,9 +27,9 @@ import aiohttp
 from benchmarks import percentiles_ms, print_table, write_result
 from rollstream.config import Settings
 from rollstream.contracts.codec import codec, unpack_ids
+from rollstream.contracts.tool_calls import ToolCall, hermes
 from rollstream.dev.background import BackgroundServer
 from rollstream.dev.scripted import Script, create_app
-from rollstream.envs.swe.tool_calls import ToolCall, hermes
 from rollstream.inference.client import InferenceClient
 from rollstream.runtime import EventContext, Output
 from stages.run import RunStage

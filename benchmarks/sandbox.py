@@ -27,11 +27,11 @@ from typing import Any
 
 from benchmarks import percentiles_ms, print_table, write_result
 from producers.publish import load_tasks
+from rollstream.contracts.tool_calls import ToolCall, hermes
 from rollstream.envs.base import process_sandboxes
 from rollstream.envs.swe import workspace
 from rollstream.envs.swe.env import SweEnv
 from rollstream.envs.swe.instance import SweInstance
-from rollstream.envs.swe.tool_calls import ToolCall, hermes
 from rollstream.envs.swe.tools import Tools
 from rollstream.sandbox import SandboxSpec
 from rollstream.sandbox.backends import BACKEND_ENV, unavailable

@@ -12,6 +12,7 @@ episode is checked against the `episodes` topic's own `max.message.bytes`.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 from rollstream.cluster.topics import TOPIC_SPECS
@@ -70,7 +71,7 @@ def check_sampling(sampling: dict[str, Any], settings: Settings) -> None:
         raise ValueError(f"field 'sampling.seed': must be null or a 64-bit integer, got {seed!r}")
 
 
-def check_task(task: dict[str, Any], settings: Settings) -> None:
+def check_task(task: Mapping[str, Any], settings: Settings) -> None:
     """Raise ValueError("field '<path>': ...") if a complete Task dict breaks a bound."""
     task_id = task["task_id"]
     if not isinstance(task_id, str) or not task_id:
@@ -96,7 +97,7 @@ def check_task(task: dict[str, Any], settings: Settings) -> None:
     _check_episode_size(task)
 
 
-def _check_episode_size(task: dict[str, Any]) -> None:
+def _check_episode_size(task: Mapping[str, Any]) -> None:
     """The largest episode this task expands into must fit the `episodes` topic."""
     last = task["group_size"] - 1
     episode_id = f"{task['task_id']}#{last}"
@@ -110,7 +111,7 @@ def _check_episode_size(task: dict[str, Any]) -> None:
                          f"max.message.bytes of {limit} (prompt, data and metadata too large)")
 
 
-def check_episode(episode: dict[str, Any], settings: Settings) -> None:
+def check_episode(episode: Mapping[str, Any], settings: Settings) -> None:
     """RUN's input check: an episode written straight to `episodes` meets the task bounds, and
     its sample index lies inside its group; else InvalidEvent (it is dead-lettered)."""
     try:

@@ -19,7 +19,7 @@ from the shared consume loop (rollstream/consume/) and produces its outputs ther
 - events that cannot be decoded or are invalid go to the dead-letter topic with their reason
   and source coordinates, in the same transaction; the stage keeps going; poison outputs
   cannot stop a partition (rollstream/consume/deadletters.py);
-- the transaction is `rollstream.cluster.transaction.Checkpoint`, which classifies every Kafka
+- the transaction is `rollstream.cluster.transaction.Transaction`, which classifies every Kafka
   error: retriable ones are retried (bounded), abortable ones abort, fenced or fatal ones rebuild
   the producer; either way the runtime rewinds to the committed offsets and redoes what was not
   committed. A consumer that hits a fatal error is rebuilt and rejoins
@@ -48,7 +48,7 @@ from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, TypeVar, cast
 
 from confluent_kafka import Message
 
@@ -64,7 +64,7 @@ from rollstream.cluster.transaction import (
 from rollstream.config import Settings, Topics
 from rollstream.consume.commit import CommitClock
 from rollstream.consume.deadletters import Encoder, dead_letter
-from rollstream.consume.loop import ConsumeLoop
+from rollstream.consume.loop import MAX_BATCH, ConsumeLoop
 from rollstream.consume.records import InvalidEvent, Output, OutputTooLarge
 from rollstream.consume.restores import Restores
 from rollstream.consume.stopping import Stopping
@@ -76,7 +76,6 @@ __all__ = ["EventContext", "InvalidEvent", "Output", "OutputTooLarge", "Stage", 
 
 log = logging.getLogger("rollstream.runtime")
 
-MAX_BATCH = 500  # events taken from the consumer per loop iteration
 REPORT_S = 10.0  # how often the stage's counts are logged
 IDLE_S = 0.05  # how long an idle runtime waits for input (blocking alone, yielding when shared)
 DRAIN_COMMIT_S = 1.0  # how often a draining runtime commits what finished meanwhile
@@ -91,8 +90,13 @@ class EventContext:
     emit: Callable[[Output], None]
 
 
-class Stage(ABC):
-    """What a stage does with one event. Subclasses say nothing about Kafka."""
+# The event a stage takes: the TypedDict of its input record (rollstream.contracts.events), or
+# bytes for a stage that forwards events unchanged (input_record None).
+E = TypeVar("E")
+
+
+class Stage(ABC, Generic[E]):
+    """What a stage does with one event, of type E. Subclasses say nothing about Kafka."""
 
     name: ClassVar[str]
     # The schema input events must have; None hands `handle` the raw bytes (a forwarding stage
@@ -107,7 +111,7 @@ class Stage(ABC):
     def input_topic(self) -> str: ...
 
     @abstractmethod
-    def handle(self, event: dict, ctx: EventContext) -> list[Output] | Awaitable[list[Output]]:
+    def handle(self, event: E, ctx: EventContext) -> list[Output] | Awaitable[list[Output]]:
         """Turn one input event into its outputs (sync, or async for I/O-bound stages)."""
 
     async def restore(self, partitions: list[int]) -> None:
@@ -141,7 +145,7 @@ class Stage(ABC):
 class StageRuntime:
     """Runs a stage on the consume loop: dispatch (sync or async), restores, drain."""
 
-    def __init__(self, stage: Stage, settings: Settings, drain_timeout_s: float = 30.0, *,
+    def __init__(self, stage: Stage[Any], settings: Settings, drain_timeout_s: float = 30.0, *,
                  shared: bool = False, label: str = "",
                  limit: Callable[[int], int | None] | None = None) -> None:
         """`shared`: one of several runtimes on one event loop (see the module's docstring);
@@ -159,7 +163,7 @@ class StageRuntime:
                                 restores=True,
                                 health_name=" ".join(filter(None, ("stage", stage.name, label))),
                                 deadline=self.stopping.deadline)
-        self.checkpoint = self.loop.checkpoint
+        self.transaction = self.loop.transaction
         self.stats = self.loop.stats
         self.metrics = self.loop.metrics
         self.codec = codec()
@@ -172,7 +176,7 @@ class StageRuntime:
             self.codec.check_header if record is None
             else functools.partial(self.codec.decode_as, record))
         self._tasks: dict[asyncio.Task, tuple[int, Message]] = {}
-        # What events emitted while the checkpoint waited on the cluster, for the next
+        # What events emitted while the transaction waited on the cluster, for the next
         # transaction (see the module's docstring); None while it does not.
         self._emitted: list[tuple[Message, Output, bytes | None]] | None = None
         # Async stages: events fetched that wait for the stage's capacity, oldest first.
@@ -224,10 +228,10 @@ class StageRuntime:
         log.info("stage %s stopped: %s", self.stage.name, dict(self.stats))
 
     async def _step(self) -> None:
-        if self.checkpoint.producer is None:  # dropped with a failed transaction
-            await self._out(finish_async(self.checkpoint.opening()))
-        took = self._poll()
-        if self.loop.recover():
+        if self.transaction.producer is None:  # dropped with a failed transaction
+            await self._out(finish_async(self.transaction.opening()))
+        took = self._take()
+        if took is None:  # the loop rewound or rebuilt its consumer: what was taken is gone
             return
         self.restores.start(self.loop.take_assigned())
         await self._wait(took)
@@ -241,7 +245,7 @@ class StageRuntime:
         await self._out(self.loop.commit_async(serve))
 
     async def _out(self, work: Awaitable[None]) -> None:
-        """Wait for the checkpoint's `work` on the cluster, the event loop going on meanwhile;
+        """Wait for the transaction's `work` on the cluster, the event loop going on meanwhile;
         then produce what events emitted in the while, into the next transaction."""
         self._emitted = []
         try:
@@ -289,25 +293,27 @@ class StageRuntime:
 
     # -- dispatch ----------------------------------------------------------------------------
 
-    def _poll(self) -> bool:
-        """Take what input there is room for; whether any came or started."""
+    def _take(self) -> bool | None:
+        """Take what input there is room for; whether any came or started (None: the loop
+        recovered instead, see ConsumeLoop.take)."""
         if self._async:
-            return self._poll_async()
+            return self._take_async()
         # A sync handler finishes each event at once, so its batch is only bounded by what one
-        # loop iteration should take.
+        # loop turn should take (an int all the same: partitions past their out-of-order
+        # window stay paused).
         room = self._room()
-        msgs = self._fetch(MAX_BATCH if room is None else min(MAX_BATCH, room))
+        msgs = self._fetch(MAX_BATCH if room is None else room)
         if msgs:
             self._run_sync(msgs)
-        return bool(msgs)
+        return None if msgs is None else bool(msgs)
 
-    def _poll_async(self) -> bool:
+    def _take_async(self) -> bool | None:
         """Fetch within max_in_flight (in flight and waiting together), then start what the
         stage's capacity allows, oldest first."""
         msgs = self._fetch(self.settings.max_in_flight - len(self._tasks) - len(self._waiting))
+        if msgs is None:
+            return None
         self._waiting.extend(msgs)
-        if self.loop.interrupted:  # what is not committed is redone first (see _step)
-            return bool(msgs)
         room = self._room()
         started = self._start_waiting(len(self._waiting) if room is None else room)
         return bool(msgs) or started > 0
@@ -319,17 +325,14 @@ class StageRuntime:
                  None if self.limit is None else self.limit(len(self._tasks)))
         return min((r for r in rooms if r is not None), default=None)
 
-    def _fetch(self, free: int) -> list[Message]:
-        """Up to `free` events; at 0 the partitions are paused and the group is only served."""
-        self.metrics.paused(self.loop.backpressure(free))
+    def _fetch(self, free: int) -> list[Message] | None:
+        """Up to `free` events; at 0 the partitions are paused and the group is only served;
+        None when the loop recovered instead (ConsumeLoop.take)."""
         self.metrics.in_flight(len(self._tasks))
-        if free <= 0:
-            self.loop.keep_alive()
-            return []
         # Block only when nothing is in flight or waiting (they need the loop), and never on a
         # shared loop (the other runtimes need it).
         block = IDLE_S if not self._tasks and not self._waiting and not self.shared else 0
-        return self.loop.poll(min(free, MAX_BATCH), block)
+        return self.loop.take(free, block)
 
     def _start_waiting(self, count: int) -> int:
         """Start up to `count` waiting events, oldest first; a partition whose out-of-order
@@ -360,8 +363,10 @@ class StageRuntime:
                 continue
             offset = msg.offset()
             try:
-                outputs = handle(decode(msg.value()),
-                                 EventContext(msg.partition(), offset, self._emit))
+                # A sync stage's handle returns its outputs (`_async` says which).
+                outputs = cast(list[Output], handle(decode(msg.value()),
+                                                    EventContext(msg.partition(), offset,
+                                                                 self._emit)))
                 # Encoded (and size-checked) before any is produced: an output that cannot be
                 # produced dead-letters its input instead of poisoning the transaction.
                 records = [(out, encode(out)) for out in outputs]
@@ -433,9 +438,9 @@ class StageRuntime:
                   "".join(traceback.format_exception(exc)))
         return f"stage error: {type(exc).__name__}: {exc}"
 
-    async def _call(self, event: dict, ctx: EventContext) -> tuple[list[Output], str | None]:
+    async def _call(self, event: Any, ctx: EventContext) -> tuple[list[Output], str | None]:
         try:
-            return await self.stage.handle(event, ctx), None  # type: ignore[misc]
+            return await cast(Awaitable[list[Output]], self.stage.handle(event, ctx)), None
         except (asyncio.CancelledError, Interrupt):
             raise
         except Exception as exc:
@@ -478,14 +483,14 @@ class StageRuntime:
 
     def _produce(self, out: Output, value: bytes | None) -> None:
         """Into the open transaction; raises RecordRefused for a record the client refuses."""
-        self.checkpoint.produce(out.topic, value, out.key, out.partition)
+        self.transaction.produce(out.topic, value, out.key, out.partition)
         self.metrics.produced(out.topic)
 
     def _emit(self, out: Output) -> None:
         self._produce(out, self.encoder.encode(out))
 
     def _emit_during(self, msg: Message, out: Output) -> None:
-        """An async event's emit: kept for the next transaction while the checkpoint waits on
+        """An async event's emit: kept for the next transaction while the transaction waits on
         the cluster (a commit out)."""
         if self._emitted is None:
             self._emit(out)

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from rollstream.contracts.codec import pack_ids, pack_logprobs, unpack_ids
+from rollstream.contracts.events import SamplingParams, Termination, Trajectory, Turn
 from rollstream.envs.base import StepResult
 from rollstream.inference.chat import ChatTemplate
 from rollstream.inference.client import (
@@ -60,14 +61,14 @@ OUTAGE_WINDOW_S = 120.0
 # (ids, new_sample) for the episode's current sample: the template's next prompt.
 Prompt = Callable[[list[int]], tuple[list[int], bool]]
 # Writes the trajectory to <p>.episode-state (None: the episode is done, drop it).
-Checkpoint = Callable[[EventContext, dict | None, str], None]
+Checkpoint = Callable[[EventContext, Trajectory | None, str], None]
 
 
 def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def sample_ids(turns: list[dict]) -> list[int]:
+def sample_ids(turns: list[Turn]) -> list[int]:
     """The token ids of the current sample: from the last turn that started one."""
     start = max((i for i, t in enumerate(turns) if t.get("new_sample")), default=0)
     ids: list[int] = []
@@ -83,11 +84,11 @@ class EpisodeEnded(Exception):
 
 
 @dataclass
-class Episode:
+class Playing:
     """An episode being played: its trajectory (checkpointed after every turn), the ids of its
     current sample, its environment state, and the tokens it has used of its budget."""
 
-    trajectory: dict
+    trajectory: Trajectory
     ctx: EventContext
     state: dict
     sample: list[int] = field(default_factory=list)
@@ -95,12 +96,12 @@ class Episode:
     tokens: int = 0
 
     @classmethod
-    def resume(cls, trajectory: dict, ctx: EventContext) -> Episode:
+    def resume(cls, trajectory: Trajectory, ctx: EventContext) -> Playing:
         """The episode where its trajectory (new, or read back from a checkpoint) stopped."""
         return cls(trajectory, ctx, json.loads(trajectory["env_state"]),
                    sample_ids(trajectory["turns"]))
 
-    def end(self, termination: str, detail: str) -> None:
+    def end(self, termination: Termination, detail: str) -> None:
         self.trajectory["termination"] = termination
         self.trajectory["termination_detail"] = detail
 
@@ -124,7 +125,7 @@ class Turns:
         self.router, self.template, self.checkpoint = router, template, checkpoint
         self.quotas = quotas
 
-    async def sample(self, episode: Episode, prompt: Prompt,
+    async def sample(self, episode: Playing, prompt: Prompt,
                      observation: str | None = None) -> Sampled:
         """The next turn's sample; raises EpisodeEnded where the episode ends instead.
         `observation`: what answered the previous turn, where it comes with this turn's prompt
@@ -158,7 +159,7 @@ class Turns:
             raise EpisodeEnded() from exc
         return Sampled(prompt_ids, new_sample, started, completion)
 
-    def record(self, episode: Episode, sampled: Sampled, step: StepResult,
+    def record(self, episode: Playing, sampled: Sampled, step: StepResult,
                env_ms: float) -> None:
         """Record the turn and what the environment made of it; checkpoint the episode, or
         end it as DONE where the step is the last."""
@@ -176,11 +177,13 @@ class Turns:
         else:
             self.checkpoint(episode.ctx, trajectory, trajectory["episode_id"])
 
-    async def complete(self, prompt_ids: list[int], trajectory: dict, turn: int) -> Completion:
-        sampling = dict(trajectory["task"]["sampling"])
-        if sampling.get("seed") is not None:
+    async def complete(self, prompt_ids: list[int], trajectory: Trajectory,
+                       turn: int) -> Completion:
+        sampling = trajectory["task"]["sampling"].copy()
+        seed = sampling.get("seed")
+        if seed is not None:
             # Distinct but reproducible per sample and turn.
-            sampling["seed"] = sampling["seed"] + 1000 * trajectory["sample_index"] + turn
+            sampling["seed"] = seed + 1000 * trajectory["sample_index"] + turn
         completion = await self._sample(prompt_ids, sampling, trajectory["episode_id"])
         # The assistant message is built from `text`, the sample from the ids: they must agree
         # (a proxy that leaves the stop token in `text` would add a second one, silently).
@@ -200,7 +203,7 @@ class Turns:
                 f"spaces_between_special_tokens on any proxy in between")
         return completion
 
-    async def _sample(self, prompt_ids: list[int], sampling: dict,
+    async def _sample(self, prompt_ids: list[int], sampling: SamplingParams,
                       episode_id: str) -> Completion:
         last: Exception | None = None
         delays = iter(RETRY_DELAYS_S)
@@ -235,7 +238,7 @@ class Turns:
             f"inference failed {len(RETRY_DELAYS_S) + 1} times{waited}: {last}")
 
 
-def turn_record(index: int, sampled: Sampled, step: StepResult, env_ms: float) -> dict:
+def turn_record(index: int, sampled: Sampled, step: StepResult, env_ms: float) -> Turn:
     """The Turn record: the ids as sampled, the environment's answer, where and when."""
     completion = sampled.completion
     assert completion.policy_version is not None  # the router always stamps one

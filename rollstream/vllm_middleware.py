@@ -10,7 +10,7 @@ For vLLM releases without weight labels (0.12). vLLM 0.33 labels responses itsel
 (`choices[].weight_versions`), and the controller uses that instead: this middleware's stamp is
 per process, so it would be wrong with several API-server processes.
 
-Why it is exact: the inference controller (rollstream/inference/controller.py) reloads full
+Why it is exact: the inference controller (rollstream/controller/apply.py) reloads full
 weights on 0.12 as `/pause?wait_for_inflight_requests=true` (running requests finish on the old
 weights, new ones are held) → set version null → reload → set version N (or back to the previous one
 when the reload failed) → `/resume` (held requests run on the new weights). The header is

@@ -11,7 +11,12 @@ import time
 from collections.abc import Callable
 
 from rollstream.config import Settings
-from rollstream.contracts.events import SCORED_TRAJECTORY, TRAJECTORY
+from rollstream.contracts.events import (
+    SCORED_TRAJECTORY,
+    TRAJECTORY,
+    ScoredTrajectory,
+    Trajectory,
+)
 from rollstream.dedup import SeenIds
 from rollstream.envs.base import termination_score
 from rollstream.envs.registry import UnknownEnv, get_env
@@ -21,7 +26,7 @@ from rollstream.service.quotas import JobQuotas
 from rollstream.telemetry import metrics
 
 
-class EvalStage(Stage):
+class EvalStage(Stage[Trajectory]):
     name = "eval"
     input_record = TRAJECTORY
 
@@ -47,7 +52,7 @@ class EvalStage(Stage):
     def on_revoke(self, partitions: list[int]) -> None:
         self.seen.forget(partitions)
 
-    async def handle(self, trajectory: dict, ctx: EventContext) -> list[Output]:
+    async def handle(self, trajectory: Trajectory, ctx: EventContext) -> list[Output]:
         task = trajectory["task"]
         if trajectory["termination"] == "RUNNING":
             raise InvalidEvent(f"episode {trajectory['episode_id']!r} is not finished")
@@ -61,10 +66,12 @@ class EvalStage(Stage):
         metrics.scored(task["env"], score.failure_class, score.reward,
                        [turn["policy_version"] for turn in trajectory["turns"]])
         marker = self.seen.marker(ctx.partition, trajectory["episode_id"])
-        return [marker, Output(self.topics.scored, trajectory["episode_id"], SCORED_TRAJECTORY, {
+        scored: ScoredTrajectory = {
             "trajectory": trajectory,
             "reward": score.reward,
             "failure_class": score.failure_class,
             "verifier": json.dumps(score.verifier),
             "scored_at_ms": int(time.time() * 1000),
-        })]
+        }
+        return [marker, Output(self.topics.scored, trajectory["episode_id"], SCORED_TRAJECTORY,
+                               scored)]

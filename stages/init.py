@@ -7,7 +7,7 @@ import time
 from rollstream.admission import AdmissionGate
 from rollstream.bounds import check_task, show_id
 from rollstream.config import Settings
-from rollstream.contracts.events import EPISODE, TASK
+from rollstream.contracts.events import EPISODE, TASK, Episode, Task
 from rollstream.dedup import SeenIds
 from rollstream.envs.base import InvalidTask
 from rollstream.envs.registry import UnknownEnv, get_env
@@ -20,7 +20,7 @@ def episode_id(task_id: str, sample_index: int) -> str:
     return f"{task_id}#{sample_index}"
 
 
-class InitStage(Stage):
+class InitStage(Stage[Task]):
     name = "init"
     input_record = TASK
 
@@ -48,7 +48,7 @@ class InitStage(Stage):
         if self.gate is not None:
             self.gate.close()
 
-    def handle(self, task: dict, ctx: EventContext) -> list[Output]:
+    def handle(self, task: Task, ctx: EventContext) -> list[Output]:
         try:
             check_task(task, self.settings)
             get_env(task["env"]).validate_task(task)
@@ -61,12 +61,11 @@ class InitStage(Stage):
         if self.quotas is not None:
             self.quotas.took(task["group_size"])  # its tasks-queued quota
         now = int(time.time() * 1000)
+        episodes: list[Episode] = [{
+            "episode_id": episode_id(task["task_id"], i),
+            "task": task,
+            "sample_index": i,
+            "created_at_ms": now,
+        } for i in range(task["group_size"])]
         return [self.seen.marker(ctx.partition, task["task_id"])] + [
-            Output(self.topics.episodes, episode_id(task["task_id"], i), EPISODE, {
-                "episode_id": episode_id(task["task_id"], i),
-                "task": task,
-                "sample_index": i,
-                "created_at_ms": now,
-            })
-            for i in range(task["group_size"])
-        ]
+            Output(self.topics.episodes, e["episode_id"], EPISODE, e) for e in episodes]

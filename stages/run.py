@@ -26,6 +26,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from typing import cast
 
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
@@ -33,27 +34,46 @@ from rollstream.bounds import check_episode
 from rollstream.cluster import kafka
 from rollstream.config import Settings
 from rollstream.contracts.codec import codec
-from rollstream.contracts.events import EPISODE, TRAJECTORY
-from rollstream.envs.base import Environment
+from rollstream.contracts.events import EPISODE, TRAJECTORY, Episode, Task, Trajectory, Turn
+from rollstream.contracts.inference import EmbeddedChatTemplate
+from rollstream.envs.base import Environment, EnvKind
 from rollstream.envs.registry import UnknownEnv, get_env
 from rollstream.gateway.server import Gateway
-from rollstream.inference.chat import ChatTemplate, EmbeddedChatTemplate
+from rollstream.inference.chat import ChatTemplate
 from rollstream.inference.routing import Router
 from rollstream.runtime import EventContext, InvalidEvent, Output, Stage
 from rollstream.sandbox import Sandboxes
 from rollstream.service.quotas import JobQuotas
-from rollstream.turns import Episode, EpisodeEnded, Turns, now_ms
+from rollstream.turns import EpisodeEnded, Playing, Turns, now_ms
 
 log = logging.getLogger("rollstream.run")
 
 # Plays one episode of an environment to its end (an environment kind's player).
-Player = Callable[[Environment, dict, EventContext], Awaitable[None]]
+Player = Callable[[Environment, Trajectory, EventContext], Awaitable[None]]
+# Builds a kind's player for the RUN stage it plays for (once the stage has started).
+PlayerFactory = Callable[["RunStage"], Player]
+
+# Players by environment kind (rollstream.envs.base.ENV_KINDS), registered with `player`, as
+# verl registers its agent loops: RUN plays an episode with its environment kind's player.
+PLAYERS: dict[EnvKind, PlayerFactory] = {}
+
+
+def player(kind: EnvKind) -> Callable[[PlayerFactory], PlayerFactory]:
+    """Register the decorated factory as the player of environments of `kind`."""
+
+    def register(factory: PlayerFactory) -> PlayerFactory:
+        if kind in PLAYERS:
+            raise ValueError(f"a player for environment kind {kind!r} is registered already")
+        PLAYERS[kind] = factory
+        return factory
+
+    return register
 
 
 SYSTEM_PROMPT_KEY = "system_prompt"  # in Task.metadata: the task's system message
 
 
-def conversation(task: dict, turns: list[dict],
+def conversation(task: Task, turns: list[Turn],
                  observation_role: str = "user") -> list[dict[str, str]]:
     """The episode as chat messages: the task's system prompt (Task.metadata["system_prompt"])
     if any, the task prompt, then each completion and observation. An environment whose
@@ -72,7 +92,7 @@ def conversation(task: dict, turns: list[dict],
     return messages
 
 
-class RunStage(Stage):
+class RunStage(Stage[Episode]):
     name = "run"
     input_record = EPISODE
 
@@ -92,7 +112,7 @@ class RunStage(Stage):
         self._own_router = router is None
         self.share = share
         # Checkpoints of unfinished episodes, by input partition, then episode id.
-        self.checkpoints: dict[int, dict[str, dict]] = {}
+        self.checkpoints: dict[int, dict[str, Trajectory]] = {}
         self.turns: Turns | None = None
         self.gateway: Gateway | None = None  # it listens from the first harness episode on
         self.players: dict[str, Player] = {}  # by environment kind
@@ -130,7 +150,7 @@ class RunStage(Stage):
         assert self.router is not None
         self.turns = Turns(self.router, self.template, self.checkpoint, self.quotas)
         self.gateway = Gateway(self.turns, port=self.settings.gateway_port)
-        self.players = {"steps": self._play, "harness": self.gateway.play}
+        self.players = {kind: make(self) for kind, make in PLAYERS.items()}
 
     async def close(self) -> None:
         if self._own_router and self.router is not None:
@@ -153,10 +173,10 @@ class RunStage(Stage):
         # Read in a thread: the episodes of the other partitions go on meanwhile.
         self.checkpoints.update(await asyncio.to_thread(self._read_checkpoints, partitions))
 
-    def _read_checkpoints(self, partitions: list[int]) -> dict[int, dict[str, dict]]:
+    def _read_checkpoints(self, partitions: list[int]) -> dict[int, dict[str, Trajectory]]:
         """The unfinished episodes' checkpoints on these partitions of <p>.episode-state."""
         tps = [TopicPartition(self.topics.episode_state, p, OFFSET_BEGINNING) for p in partitions]
-        checkpoints: dict[int, dict[str, dict]] = {p: {} for p in partitions}
+        checkpoints: dict[int, dict[str, Trajectory]] = {p: {} for p in partitions}
         c = codec()
         for msg in kafka.read_partitions(self.settings, tps):
             episode = msg.key().decode()
@@ -170,14 +190,15 @@ class RunStage(Stage):
         for p in partitions:
             self.checkpoints.pop(p, None)
 
-    def checkpoint(self, ctx: EventContext, trajectory: dict | None, episode_id: str) -> None:
+    def checkpoint(self, ctx: EventContext, trajectory: Trajectory | None,
+                   episode_id: str) -> None:
         ctx.emit(Output(self.topics.episode_state, episode_id,
                         None if trajectory is None else TRAJECTORY, trajectory,
                         partition=ctx.partition))
 
     # -- the episode -------------------------------------------------------------------------
 
-    async def handle(self, episode: dict, ctx: EventContext) -> list[Output]:
+    async def handle(self, episode: Episode, ctx: EventContext) -> list[Output]:
         check_episode(episode, self.settings)  # bounds at the door, also for episodes sent here
         task = episode["task"]
         episode_id = episode["episode_id"]
@@ -218,12 +239,12 @@ class RunStage(Stage):
         self.checkpoint(ctx, None, episode_id)  # done: drop the checkpoint
         return [Output(self.topics.trajectories, episode_id, TRAJECTORY, trajectory)]
 
-    async def _play(self, env: Environment, trajectory: dict, ctx: EventContext) -> None:
+    async def _play(self, env: Environment, trajectory: Trajectory, ctx: EventContext) -> None:
         """An environment that steps: RUN renders the conversation, samples, and hands each
         completion to `env.step`, until the step, the turn budget or a failure ends it."""
         assert self.turns is not None
         task = trajectory["task"]
-        episode = Episode.resume(trajectory, ctx)
+        episode = Playing.resume(trajectory, ctx)
 
         def prompt(sample: list[int]) -> tuple[list[int], bool]:
             messages = conversation(task, trajectory["turns"], env.observation_role)
@@ -237,3 +258,17 @@ class RunStage(Stage):
             env_started = time.perf_counter()
             step = await env.step(task, episode.state, sampled.completion.text)
             self.turns.record(episode, sampled, step, (time.perf_counter() - env_started) * 1000)
+
+
+@player("steps")
+def _steps(stage: RunStage) -> Player:
+    """RUN's own loop: an environment that steps each completion."""
+    return stage._play
+
+
+@player("harness")
+def _harness(stage: RunStage) -> Player:
+    """A harness that runs its own loop against RUN's recording gateway."""
+    assert stage.gateway is not None  # made in start(), before the players
+    # The registry hands it only environments of its kind, harness environments.
+    return cast(Player, stage.gateway.play)

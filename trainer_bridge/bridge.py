@@ -6,7 +6,7 @@ offset, and acknowledged offsets above it travel in the commit metadata
 (rollstream/cluster/offsets.py). `Batch.ack(outputs)` commits the offsets and the trainer's outputs
 (its PolicyVersion event) in one Kafka transaction. The bridge runs on the stage runtime's consume
 loop (rollstream/consume/loop.py): the same assignment, loss, rebuild of a failed consumer, group
-served while a commit waits on the cluster, and exactly-once checkpoint (retriable errors
+served while a commit waits on the cluster, and exactly-once transaction (retriable errors
 retried, bounded; abortable ones aborted; a fenced or failed producer dropped and rebuilt). A
 trainer restarted from the last committed PolicyVersion sees exactly the batches that version
 was not trained on, so none is lost and none is trained twice.
@@ -80,17 +80,14 @@ class Batch:
 
 
 class TrainerBridge:
-    """Iterator API: `for batch in bridge.batches(): trainer.step(batch); batch.ack()`.
-
-    Every bridge commits in a Kafka transaction; `transactional` is accepted as before."""
+    """Iterator API: `for batch in bridge.batches(): trainer.step(batch); batch.ack()`; every
+    ack commits in a Kafka transaction."""
 
     def __init__(self, settings: Settings, groups_per_batch: int = 4,
-                 policy: GroupPolicy | None = None, group: str | None = None,
-                 transactional: bool = False) -> None:
+                 policy: GroupPolicy | None = None, group: str | None = None) -> None:
         self.settings = settings
         self.topic = settings.topics.scored
         self.groups_per_batch = groups_per_batch
-        self.transactional = transactional
         self.current_version = 0  # the trainer's policy version, for the staleness bound
         self.assembler = GroupAssembler(policy)
         self.dead_lettered = 0
@@ -149,9 +146,9 @@ class TrainerBridge:
                 produced += 1
                 if max_batches is not None and produced >= max_batches:
                     return
-            self.loop.backpressure(None)  # resumes what a served commit paused
-            msgs = self.loop.poll(500, 0.2)
-            if self.loop.recover():
+            # No bound of its own: this resumes what a served commit paused.
+            msgs = self.loop.take(None, 0.2)
+            if msgs is None:  # rewound or rebuilt: every unacknowledged sample comes again
                 continue
             now = time.monotonic()
             if msgs or (not self.loop.held.progress and now < joining_until):
@@ -227,7 +224,7 @@ class TrainerBridge:
         self._dead_letters.clear()
         try:
             for out in outputs:
-                self.loop.checkpoint.produce(out.topic, self.encoder.encode(out), out.key,
+                self.loop.transaction.produce(out.topic, self.encoder.encode(out), out.key,
                                              out.partition)
             self.loop.commit()
         except Rewind as exc:

@@ -14,6 +14,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Literal
 
+from rollstream.contracts.events import ScoredTrajectory
 from trainer_bridge.advantages import group_advantages
 
 
@@ -21,7 +22,7 @@ from trainer_bridge.advantages import group_advantages
 class Sample:
     """A scored trajectory and where it came from (for committing after the trainer's ack)."""
 
-    scored: dict
+    scored: ScoredTrajectory
     partition: int
     offset: int
     advantage: float | None = None

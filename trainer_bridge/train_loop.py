@@ -83,12 +83,13 @@ def _train_from_latest(settings: Settings, checkpoint_dir: Path, *, groups_per_b
                        on_step: Callable[[dict], None]) -> None:
     latest = policy_versions.latest(settings)
     start = Path(latest["uri"]) if latest is not None else (hf_model or init_checkpoint)
-    policy = HFPolicy(start) if hf_model is not None else TinyPolicy(start)
+    # With an HF model, start is never None: the latest version's weights, or the model's.
+    policy = HFPolicy(start) if hf_model is not None and start is not None else TinyPolicy(start)
     trainer = GRPOTrainer(policy, checkpoint_dir, policy.version, config)
     base_consumed = int(latest["metrics"].get(CONSUMED, 0)) if latest is not None else 0
     log.info("training from policy version %d (%s)", policy.version, start or "seed weights")
     steps = trained = 0
-    with TrainerBridge(settings, groups_per_batch, group_policy, transactional=True) as bridge:
+    with TrainerBridge(settings, groups_per_batch, group_policy) as bridge:
         bridge.current_version = policy.version
         for batch in bridge.batches(max_steps, idle_timeout_s):
             event = trainer.step(batch)

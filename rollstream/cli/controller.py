@@ -25,7 +25,7 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from rollstream.inference.controller import Controller  # aiohttp only when it runs
+    from rollstream.controller.apply import Controller  # aiohttp only when it runs
 
     controller = Controller(common.start_service(args, parts=("controller",)))
     return common.run_async(controller.serve(), on_signal=controller.stop)

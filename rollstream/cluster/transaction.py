@@ -1,7 +1,7 @@
 """One exactly-once transaction: outputs and input offsets committed in one Kafka transaction.
 
 The consume loop (rollstream/consume/loop.py), which the stage runtime and the trainer bridge
-both run on, commits through `Checkpoint`. What it guarantees, and what each kind of Kafka
+both run on, commits through `Transaction`. What it guarantees, and what each kind of Kafka
 error does:
 
 - Records produced through `produce` and the input offsets given to `commit` become visible to
@@ -26,15 +26,15 @@ error does:
   abandoned (with its producer) when it has not returned after HUNG_S or by the `Deadline`
   (a draining process), so a stop request is honoured by its deadline even when the client
   does not return.
-- Control flows one way, from the owner into the checkpoint: the checkpoint never calls back.
+- Control flows one way, from the owner into the transaction: the transaction never calls back.
   `commit` hands back its steps, and each step the `Call` that is out; the owner drives them,
   waiting on each call a quarter second at a time. The consume loop serves its consumer in
   between, so a rebalance meanwhile is answered (the whole group waits on a member that does
   not) and partitions lost to the session timeout (a group coordinator unreachable longer than
   that) are handed back and rejoined at once, not after the call; when the transaction is no
   longer wanted (the partitions were lost) it abandons the call (`Call.abandon`), and the
-  checkpoint gives it up at once instead of after HUNG_S. The `Deadline` is the one thing the
-  checkpoint reads of its owner: a value the owner sets when a stop is asked.
+  transaction gives it up at once instead of after HUNG_S. The `Deadline` is the one thing the
+  transaction reads of its owner: a value the owner sets when a stop is asked.
 - An owner on an event loop shared with others (several jobs' runtimes in one fleet process)
   drives the steps with `finish_async`: each wait yields to the loop, so one job's commit
   waiting on the cluster does not hold up the other jobs.
@@ -61,7 +61,7 @@ from rollstream.contracts.codec import headers_for
 log = logging.getLogger("rollstream.cluster.transaction")
 
 CALL_TIMEOUT_S = 5.0  # the timeout given to each blocking Kafka call
-# A checkpoint's transaction spans one commit interval (well under a second), so only a stuck
+# A transaction spans one commit interval (well under a second), so only a stuck
 # one reaches this; until then a crashed process's open transaction holds back read_committed
 # readers downstream, so shorter than the 15 s of other producers (rollstream.cluster.kafka).
 TRANSACTION_TIMEOUT_MS = 10_000
@@ -92,7 +92,7 @@ _REFUSED = {KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE,
 
 
 class Interrupt(Exception):  # noqa: N818
-    """Not about the event being handled: the checkpoint cannot go on as it was."""
+    """Not about the event being handled: the transaction cannot go on as it was."""
 
 
 class Rewind(Interrupt):
@@ -150,7 +150,7 @@ class FenceCounter:
 
 class Deadline:
     """When blocking Kafka work gives up: not before its owner sets `at` (a monotonic time: a
-    stop was asked). The owner sets it; a checkpoint only reads it, so a stop asked while a
+    stop was asked). The owner sets it; a transaction only reads it, so a stop asked while a
     call is out (its signal handler runs between two waits) cuts that call and its retries
     short."""
 
@@ -170,7 +170,7 @@ class Deadline:
 class Call:
     """One blocking transactional call, out in a thread of its own: after broker restarts a
     call was seen not to return for minutes whatever its timeout. Whoever drives the
-    checkpoint's steps waits on it (see the module doc) and may `abandon` it."""
+    transaction's steps waits on it (see the module doc) and may `abandon` it."""
 
     def __init__(self, what: str, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
         self.what = what
@@ -228,15 +228,15 @@ class Call:
 
 
 T = TypeVar("T")
-# A checkpoint's blocking work, one step per wait: each step hands the driver the call that is
+# A transaction's blocking work, one step per wait: each step hands the driver the call that is
 # out; the driver waits on it a while (see `Call.wait`) before taking the next step, and
-# closes the steps if it stops early (so the checkpoint's clean-up runs then, not whenever the
+# closes the steps if it stops early (so the transaction's clean-up runs then, not whenever the
 # steps are collected).
 Steps = Generator[Call, None, T]
 
 
 def finish(steps: Steps[T]) -> T:
-    """Drive a checkpoint's steps in this thread, waiting on each call (what is to be served
+    """Drive a transaction's steps in this thread, waiting on each call (what is to be served
     between two waits, the steps do themselves: see ConsumeLoop)."""
     with contextlib.closing(steps):
         try:
@@ -269,7 +269,7 @@ def pause(seconds: float) -> Steps[None]:
         yield call
 
 
-class Checkpoint:
+class Transaction:
     """A transactional producer that commits outputs with input offsets (see module doc).
 
     `deadline`: when blocking work gives up (a draining process), read, never written."""

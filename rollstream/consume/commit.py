@@ -1,9 +1,9 @@
 """When a loop commits, and what happens to a commit while it is out.
 
 A commit that waits on the cluster (a coordinator moving) must not stop the group: the
-checkpoint hands the loop each call it waits on (rollstream/cluster/transaction.py), and the loop
+transaction hands the loop each call it waits on (rollstream/cluster/transaction.py), and the loop
 serves its consumer between two waits, so a rebalance is answered and partitions lost are
-handed back. The checkpoint never calls back into the loop. What the rebalance means for the
+handed back. The transaction never calls back into the loop. What the rebalance means for the
 commit under way is recorded on its `CommitInFlight`, the one place the rebalance callbacks
 and the commit share, instead of flags on the loop; the loop reads it between two waits.
 """

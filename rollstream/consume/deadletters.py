@@ -15,7 +15,7 @@ import time
 from confluent_kafka import Message
 
 from rollstream.cluster.topics import record_limits
-from rollstream.cluster.transaction import Checkpoint
+from rollstream.cluster.transaction import Transaction
 from rollstream.config import Settings, Topics
 from rollstream.consume.records import Output, OutputTooLarge
 from rollstream.contracts.codec import Codec
@@ -66,7 +66,9 @@ class Encoder:
     def encode(self, out: Output) -> bytes | None:
         """The output's bytes; raises OutputTooLarge over its topic's limit."""
         value = out.value
-        if isinstance(value, dict):
+        if value is not None and not isinstance(value, bytes):  # an event
+            if out.record is None:
+                raise ValueError(f"an output to {out.topic} holds an event but names no record")
             value = self.codec.encode(out.record, value)
         limit = self.limits.get(out.topic)
         if limit is not None and value is not None and len(value) > limit // 4:  # cheap first
@@ -81,17 +83,17 @@ class Encoder:
 class Poison:
     """Inputs whose output the broker refused: when they come again they are dead-lettered.
 
-    Which input each output came from is kept only while the checkpoint is `tracking` (redoing
+    Which input each output came from is kept only while the transaction is `tracking` (redoing
     a transaction that a refused record failed): outside that, a Python call per record for
     nothing."""
 
-    def __init__(self, checkpoint: Checkpoint) -> None:
-        self.checkpoint = checkpoint
+    def __init__(self, transaction: Transaction) -> None:
+        self.transaction = transaction
         self._sources: dict[tuple[str, str | bytes], tuple[int, int]] = {}
         self._poison: dict[tuple[int, int], str] = {}
 
     def produced_for(self, msg: Message, outputs: list[Output]) -> None:
-        if self.checkpoint.tracking:
+        if self.transaction.tracking:
             source = (msg.partition(), msg.offset())
             self._sources.update(((out.topic, out.key), source) for out in outputs)
 
@@ -100,13 +102,13 @@ class Poison:
 
     def note_refused(self) -> None:
         """After a failed transaction: the inputs whose output the broker refused are poison."""
-        for topic, key, err in self.checkpoint.refused:
+        for topic, key, err in self.transaction.refused:
             source = self._sources.get((topic, key)) if key is not None else None
             if source is None and key is not None:
                 source = self._sources.get((topic, key.decode(errors="replace")))
             if source is not None:
                 self._poison[source] = f"output cannot be produced: {topic}: {err.str()}"
-        self.checkpoint.refused.clear()
+        self.transaction.refused.clear()
         self._sources.clear()
 
     def reason(self, msg: Message) -> str | None:

@@ -9,14 +9,16 @@ What it does for whoever runs on it (the stage runtime, the trainer bridge):
   rest redone from the last commit (a rewind);
 - one Kafka transaction (rollstream/cluster/transaction.py) holding the outputs and the input
   offsets; while it waits on the cluster the loop serves the group (see `CommitInFlight`): the
-  checkpoint hands back the calls it waits on and never calls back into the loop; an owner on
+  transaction hands back the calls it waits on and never calls back into the loop; an owner on
   an event loop commits with `commit_async`, which waits without holding the event loop up
   (the other runtimes of a fleet go on meanwhile);
 - a consumer that failed for good (e.g. a static member fenced after a broker restart) is
   rebuilt and rejoins; an id that another live process keeps fencing stops the process with a
   message saying so (`IdInUse`).
 
-The owner keeps its in-flight work; the loop tells it, through `Work`, when work must go.
+The owner keeps its in-flight work; the loop tells it, through `Work`, when work must go. Each
+turn of an owner's loop is the consume loop's: `take` (backpressure, poll, recover), the owner's
+handling of what came, then `commit` or `commit_async` when the owner says it is time.
 """
 
 from __future__ import annotations
@@ -34,12 +36,12 @@ from rollstream.cluster import kafka
 from rollstream.cluster.kafka_errors import raise_if_denied
 from rollstream.cluster.transaction import (
     CALL_TIMEOUT_S,
-    Checkpoint,
     Deadline,
     FenceCounter,
     Rewind,
     Steps,
     Stopped,
+    Transaction,
     close_bounded,
     fatal,
     finish,
@@ -52,6 +54,8 @@ from rollstream.consume.held import Held
 from rollstream.telemetry import health, metrics
 
 log = logging.getLogger("rollstream.consume")
+
+MAX_BATCH = 500  # events taken from the consumer per turn
 
 
 class Work(Protocol):
@@ -74,10 +78,10 @@ class ConsumeLoop:
         self.name = name
         self.work = work
         self.restores = restores
-        self.checkpoint = Checkpoint(settings, kafka.process_id(settings, group),
+        self.transaction = Transaction(settings, kafka.process_id(settings, group),
                                      deadline=deadline)
         self.held = Held(topic)
-        self.poison = Poison(self.checkpoint)
+        self.poison = Poison(self.transaction)
         self.stats: Counter[str] = Counter()
         self.metrics = metrics.for_stage(name)
         # /ready: ready once the group gave this process its share of partitions.
@@ -88,7 +92,7 @@ class ConsumeLoop:
         self._fences = FenceCounter(f"consumer of group {group}")
         self._failed: KafkaError | None = None  # the consumer cannot go on: rebuild it
         self._rewind: str | None = None  # why what is not committed must be redone
-        self._rewound_at = 0  # the checkpoint's lost transactions when the owner last rewound
+        self._rewound_at = 0  # the transaction's lost ones when the owner last rewound
         self._inflight: CommitInFlight | None = None
         self._assigned: list[int] = []  # held, their state still to be restored
         self._partition_count = 0  # the input topic's, read after each assignment; 0: unknown
@@ -98,14 +102,14 @@ class ConsumeLoop:
     # -- lifecycle ---------------------------------------------------------------------------
 
     def open(self) -> None:
-        self.checkpoint.open()
+        self.transaction.open()
         self._subscribe()
 
     def close(self) -> None:
         """Leave the group (a revoke commits first) and let the producer go, all bounded."""
         self.health.not_ready("closed")
         close_bounded(self.consumer, CALL_TIMEOUT_S)
-        self.checkpoint.close()
+        self.transaction.close()
 
     def _new_consumer(self) -> Consumer:
         return kafka.consumer(self.settings, self.group, error_cb=self._on_error)
@@ -115,6 +119,21 @@ class ConsumeLoop:
                                 on_revoke=self._on_revoke, on_lost=self._on_lost)
 
     # -- polling -----------------------------------------------------------------------------
+
+    def take(self, free: int | None, timeout_s: float) -> list[Message] | None:
+        """A turn's intake, the same for every owner: pause what must not hand out events now
+        (`free`: how many more the owner takes; None: no bound of its own), poll up to that
+        many (MAX_BATCH at most; at 0 only the group is served, waiting `timeout_s` at most for
+        the first), then recover what a callback or an error left to redo. None: the consumer
+        was rebuilt or rewound, the owner's work since the last commit dropped (Work.forget);
+        the owner's turn ends there."""
+        self.metrics.paused(self.backpressure(free))
+        if free is not None and free <= 0:
+            self.keep_alive()
+            msgs = []
+        else:
+            msgs = self.poll(MAX_BATCH if free is None else min(free, MAX_BATCH), timeout_s)
+        return None if self.recover() else msgs
 
     def poll(self, limit: int, timeout_s: float) -> list[Message]:
         """Up to `limit` events of held partitions: waits up to `timeout_s` for the first, then
@@ -240,10 +259,10 @@ class ConsumeLoop:
 
     def _commit_steps(self, state: CommitInFlight | None) -> Steps[None]:
         offsets = self.held.offsets()
-        if not offsets and not self.checkpoint.in_txn:
+        if not offsets and not self.transaction.in_txn:
             return
         started = time.monotonic()
-        yield from self._served(self.checkpoint.commit(list(offsets.values()),
+        yield from self._served(self.transaction.commit(list(offsets.values()),
                                                        self.consumer.consumer_group_metadata),
                                 state)
         self.poison.clear_sources()
@@ -252,7 +271,7 @@ class ConsumeLoop:
         self.held.committed(list(offsets))
 
     def _served(self, steps: Steps[None], state: CommitInFlight | None) -> Steps[None]:
-        """The checkpoint's steps, handed on to the driver, which waits on each call out (a
+        """The transaction's steps, handed on to the driver, which waits on each call out (a
         while: WAIT_S). While the main loop's commit (`state`; None: one from a rebalance
         callback, or the last one) waits on the cluster (a coordinator moving): serve the
         consumer between two waits, so a rebalance meanwhile is answered and partitions lost
@@ -272,12 +291,12 @@ class ConsumeLoop:
 
     def _forget(self) -> None:
         """Drop what is not committed: the open transaction and the owner's work."""
-        self.checkpoint.abort()
+        self.transaction.abort()
         self.metrics.aborted()
         self.poison.clear_sources()  # nothing left of the transaction its sources were for
         self.work.forget()
         self._assigned.clear()
-        self._rewound_at = self.checkpoint.rewinds
+        self._rewound_at = self.transaction.rewinds
 
     def rewind(self) -> None:
         """Redo everything since the last commit: back to the committed offsets."""
@@ -315,7 +334,7 @@ class ConsumeLoop:
     def _take(self, consumer: Consumer, partitions: list[TopicPartition]
               ) -> list[TopicPartition]:
         """Hold these partitions from their committed offsets; queue their restore."""
-        committed = self.checkpoint.committed(consumer, partitions) if partitions else []
+        committed = self.transaction.committed(consumer, partitions) if partitions else []
         self.held.take(committed)
         if self.restores:
             parts = [tp.partition for tp in committed]
@@ -369,7 +388,7 @@ class ConsumeLoop:
         # failed, a consumer fenced) is never committed: a new producer would fence our
         # successor's. Nor is what finished since a transaction was lost and not yet redone
         # (say, while draining): the lost transaction took its outputs.
-        lost = self.checkpoint.rewinds != self._rewound_at
+        lost = self.transaction.rewinds != self._rewound_at
         if self._inflight is None and not self.interrupted and not lost:
             try:
                 self._commit()
@@ -391,5 +410,5 @@ class ConsumeLoop:
         # What the open transaction holds may be for the lost partitions: it must not commit
         # (a commit under way is abandoned: see _served).
         if self._inflight is None:
-            self.checkpoint.abort()
+            self.transaction.abort()
         self._interrupt("partitions lost")

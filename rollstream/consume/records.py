@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 
 class InvalidEvent(ValueError):
@@ -15,11 +17,12 @@ class OutputTooLarge(InvalidEvent):
 
 @dataclass(slots=True)
 class Output:
-    """One record to produce: a dict encoded as `record`, bytes sent as they are (a stage that
-    forwards events unchanged), or None, a tombstone (compacted topics)."""
+    """One record to produce: an event (a TypedDict of rollstream.contracts.events) encoded as
+    `record`, bytes sent as they are (a stage that forwards events unchanged), or None, a
+    tombstone (compacted topics)."""
 
     topic: str
     key: str | bytes
     record: str | None
-    value: dict | bytes | None
+    value: Mapping[str, Any] | bytes | None
     partition: int | None = None

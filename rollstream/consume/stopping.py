@@ -2,7 +2,7 @@
 
 SIGTERM/SIGINT: stop taking events, let in-flight ones finish within the drain timeout, commit
 (one bounded call more), leave the group (bounded): every blocking Kafka call is bounded by
-`deadline` (a `Deadline` the checkpoint reads) or abandoned (see transaction.py), so a cluster
+`deadline` (a `Deadline` the transaction reads) or abandoned (see transaction.py), so a cluster
 that does not answer cannot keep the process alive.
 """
 
@@ -20,7 +20,7 @@ class Stopping:
         self.drain_timeout_s = drain_timeout_s
         self.asked_at: float | None = None
         # When blocking Kafka work gives up: the drain timeout after a stop request, plus one
-        # bounded call for the last commit; never before one. The checkpoint reads it.
+        # bounded call for the last commit; never before one. The transaction reads it.
         self.deadline = Deadline()
 
     @property

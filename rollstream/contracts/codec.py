@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import io
 import struct
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Literal, cast, overload
 
 import numpy as np
 from fastavro import parse_schema, schemaless_reader, schemaless_writer
@@ -23,6 +24,17 @@ import schemas
 # Kafka record headers naming what a record is, for kcat or a Kafka UI (the value needs no
 # header to be decoded: the single-object header already says it).
 from rollstream.contracts.wire import FINGERPRINT_HEADER, RECORD_HEADER
+
+if TYPE_CHECKING:
+    from rollstream.contracts.events import (
+        DeadLetter,
+        Episode,
+        Job,
+        PolicyVersion,
+        ScoredTrajectory,
+        Task,
+        Trajectory,
+    )
 
 MAGIC = b"\xc3\x01"
 HEADER_LEN = 10
@@ -43,8 +55,9 @@ class Codec:
 
     def __init__(self, raw: dict[str, dict] | None = None) -> None:
         """`raw`: the schemas by record name (default: the .avsc files)."""
+        # A record's parsed schema is an object (fastavro types it as any schema).
         self.schemas: dict[str, dict] = {
-            name: parse_schema(s) for name, s in schemas.self_contained(raw).items()
+            name: cast(dict, parse_schema(s)) for name, s in schemas.self_contained(raw).items()
         }
         self._headers = {name: MAGIC + spec_fingerprint(s) for name, s in self.schemas.items()}
         # Writer schemas by fingerprint: current ones, retired versions from history/, then the
@@ -54,7 +67,7 @@ class Codec:
         }
         history = {}
         for path in schemas.history_files():
-            retired = parse_schema(schemas.read_history(path), _write_hint=False)
+            retired = cast(dict, parse_schema(schemas.read_history(path), _write_hint=False))
             history[path] = retired
             self._writers.setdefault(spec_fingerprint(retired), (_record(retired), retired))
         for fp, alias in schemas.legacy_fingerprints().items():
@@ -72,7 +85,7 @@ class Codec:
         """Record name -> the fingerprint new events are written with (hex, wire order)."""
         return {name: h[2:].hex() for name, h in self._headers.items()}
 
-    def encode(self, record: str, value: dict) -> bytes:
+    def encode(self, record: str, value: Mapping[str, Any]) -> bytes:
         out = io.BytesIO()
         out.write(self._headers[record])
         schemaless_writer(out, self.schemas[record], value)
@@ -115,9 +128,29 @@ class Codec:
             # Bytes the schema does not account for: a framing error or a writer schema other
             # than the one its fingerprint names; taking the prefix would hide it.
             raise DecodeError(f"{extra} trailing bytes after the {record} body")
-        return record, value
+        return record, cast(dict, value)  # a record decodes as an object
 
-    def decode_as(self, record: str, data: bytes | None) -> dict:
+    # The event records decode as their TypedDicts (rollstream.contracts.events).
+    @overload
+    def decode_as(self, record: Literal["Task"], data: bytes | None) -> Task: ...
+    @overload
+    def decode_as(self, record: Literal["Episode"], data: bytes | None) -> Episode: ...
+    @overload
+    def decode_as(self, record: Literal["Trajectory"], data: bytes | None) -> Trajectory: ...
+    @overload
+    def decode_as(self, record: Literal["ScoredTrajectory"],
+                  data: bytes | None) -> ScoredTrajectory: ...
+    @overload
+    def decode_as(self, record: Literal["PolicyVersion"], data: bytes | None) -> PolicyVersion: ...
+    @overload
+    def decode_as(self, record: Literal["DeadLetter"], data: bytes | None) -> DeadLetter: ...
+    @overload
+    def decode_as(self, record: Literal["Job"], data: bytes | None) -> Job: ...
+    @overload
+    def decode_as(self, record: str, data: bytes | None) -> Any: ...
+
+    def decode_as(self, record: str, data: bytes | None) -> Any:
+        """The event, which must be a `record`; raises DecodeError naming what was wrong."""
         return self.decode(data, expect=record)[1]
 
 

@@ -8,19 +8,21 @@ Token ids and logprobs are the packed bytes the schema holds (see `schemas/turn.
 
 from __future__ import annotations
 
-from typing import Literal, TypedDict
+from typing import Final, Literal, TypedDict
 
 # Record names, as the codec takes them (`codec().encode(TASK, ...)`, `Output(..., TASK, ...)`).
-SAMPLING_PARAMS = "SamplingParams"
-TASK = "Task"
-EPISODE = "Episode"
-TURN = "Turn"
-TRAJECTORY = "Trajectory"
-SCORED_TRAJECTORY = "ScoredTrajectory"
-POLICY_VERSION = "PolicyVersion"
-DEAD_LETTER = "DeadLetter"
-JOB = "Job"
+# Final: a type checker reads each as its Literal, so `codec().decode_as(TASK, ...)` is a Task.
+SAMPLING_PARAMS: Final = "SamplingParams"
+TASK: Final = "Task"
+EPISODE: Final = "Episode"
+TURN: Final = "Turn"
+TRAJECTORY: Final = "Trajectory"
+SCORED_TRAJECTORY: Final = "ScoredTrajectory"
+POLICY_VERSION: Final = "PolicyVersion"
+DEAD_LETTER: Final = "DeadLetter"
+JOB: Final = "Job"
 
+# How an episode ended: a closed set (the schema's enum), RUNNING while it is played.
 Termination = Literal[
     "RUNNING", "DONE", "MAX_TURNS", "TRUNCATED", "AGENT_ERROR", "ENV_ERROR", "INFRA_ERROR"
 ]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import avro.schema
 from avro.compatibility import ReaderWriterCompatibilityChecker, SchemaCompatibilityType
@@ -100,7 +100,7 @@ def export(found: SchemaSet, out: Path) -> dict[str, str]:
                "read-only non-spec fingerprints of earlier releases and the retired schema "
                "each was written with.",
         "fingerprints": {f"{schemas.NAMESPACE}.{name}": fp for name, fp in table.items()},
-        "retired": {f"history/{file}": spec_fingerprint(parse_schema(schema)).hex()
+        "retired": {f"history/{file}": spec_fingerprint(cast(dict, parse_schema(schema))).hex()
                     for file, schema in found.retired.items()},
         "legacy": {fp: {"record": f"{schemas.NAMESPACE}.{a['record']}", "schema": a["schema"]}
                    for fp, a in found.aliases.items()},

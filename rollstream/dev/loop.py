@@ -32,7 +32,7 @@ def write_base_policy(path: Path, alphabet: str = LETTERS, seed: int = 0) -> Non
     """Version 0: seed weights whose output layer favours the alphabet and the end token."""
     import torch
 
-    from rollstream.inference.tokenizer import END
+    from rollstream.contracts.inference import END
     from rollstream.policy_server.model import build_model, save
 
     model = build_model(seed)
@@ -146,7 +146,7 @@ class ClosedLoop:
         "default": its turns would record -1, unknown), through the controller's own path."""
         import asyncio
 
-        from rollstream.inference.controller import apply_policy
+        from rollstream.controller.apply import apply_policy
 
         event = {"version": 0, "kind": "full", "uri": str(model), "step_id": "base",
                  "metrics": {}, "created_at_ms": 0}

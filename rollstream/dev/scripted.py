@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rollstream.inference.tokenizer import ASSISTANT, EOS, VOCAB_SIZE, ByteTokenizer
+from rollstream.contracts.inference import ASSISTANT, EOS, VOCAB_SIZE, ByteTokenizer
 
 DEFAULT_MAX_MODEL_LEN = 1 << 20  # a script has no context limit worth modelling
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from rollstream import config
-from rollstream.contracts.events import FailureClass
+from rollstream.contracts.events import FailureClass, Task, Termination, Trajectory
 from rollstream.sandbox import Sandboxes
 
 
@@ -81,23 +81,24 @@ class Environment(ABC):
         return self._sandboxes
 
     @abstractmethod
-    async def reset(self, task: dict) -> dict:
-        """The initial state (JSON-serializable) for one episode of `task` (a Task dict)."""
+    async def reset(self, task: Task) -> dict:
+        """The initial state (JSON-serializable) for one episode of `task`."""
 
     @abstractmethod
-    async def step(self, task: dict, state: dict, completion_text: str) -> StepResult:
+    async def step(self, task: Task, state: dict, completion_text: str) -> StepResult:
         """Apply one completion to `state`; must not mutate `state`."""
 
     @abstractmethod
-    async def evaluate(self, task: dict, trajectory: dict) -> Score:
-        """Score a finished Trajectory dict. EVAL calls it only when `termination_score` leaves
+    async def evaluate(self, task: Task, trajectory: Trajectory) -> Score:
+        """Score a finished trajectory. EVAL calls it only when `termination_score` leaves
         the score to the environment (DONE, MAX_TURNS)."""
 
     @abstractmethod
-    def validate_task(self, task: dict) -> None:
-        """Raise InvalidTask naming the field if `task` lacks what this environment needs."""
+    def validate_task(self, task: Mapping[str, Any]) -> None:
+        """Raise InvalidTask naming the field if `task` (a Task, or a task file's entry being
+        checked) lacks what this environment needs."""
 
-    async def close(self, task: dict, state: dict) -> None:
+    async def close(self, task: Task, state: dict) -> None:
         """Release what the episode holds (a sandbox), once RUN is done with it, before EVAL."""
 
 
@@ -108,7 +109,7 @@ def process_sandboxes() -> Sandboxes:
 
 
 # Terminations whose score does not depend on any answer; the module docstring says why.
-_TERMINATION_SCORES: dict[str, tuple[float | None, FailureClass]] = {
+_TERMINATION_SCORES: dict[Termination, tuple[float | None, FailureClass]] = {
     "TRUNCATED": (0.0, "truncated"),
     "AGENT_ERROR": (0.0, "agent"),
     "ENV_ERROR": (None, "env"),
@@ -117,7 +118,7 @@ _TERMINATION_SCORES: dict[str, tuple[float | None, FailureClass]] = {
 }
 
 
-def termination_score(trajectory: dict) -> Score | None:
+def termination_score(trajectory: Trajectory) -> Score | None:
     """The Score fixed by how the episode ended, or None when the environment must score it."""
     termination = trajectory.get("termination", "RUNNING")
     fixed = _TERMINATION_SCORES.get(termination)
@@ -133,7 +134,7 @@ def agent_failure(reason: str, **verifier: Any) -> Score:
     return Score(0.0, "agent", {"reason": reason, **verifier})
 
 
-def completions(trajectory: dict) -> list[str]:
+def completions(trajectory: Trajectory) -> list[str]:
     """The model's completion texts, turn by turn."""
     return [turn.get("completion_text", "") for turn in trajectory.get("turns", [])]
 
@@ -191,17 +192,17 @@ class SingleTurnEnvironment(Environment):
     """One completion, one answer: `step` parses it and ends the episode; `evaluate` re-parses
     the recorded completion (the turns are the source of truth) and grades it."""
 
-    async def reset(self, task: dict) -> dict:
+    async def reset(self, task: Task) -> dict:
         return {}
 
-    async def step(self, task: dict, state: dict, completion_text: str) -> StepResult:
+    async def step(self, task: Task, state: dict, completion_text: str) -> StepResult:
         answer = self.parse_answer(completion_text)
         tool_call = None if answer is None else json.dumps({"answer": answer})
         return StepResult(
             observation=None, done=True, tool_call=tool_call, state={"answer": answer}
         )
 
-    async def evaluate(self, task: dict, trajectory: dict) -> Score:
+    async def evaluate(self, task: Task, trajectory: Trajectory) -> Score:
         fixed = termination_score(trajectory)
         if fixed is not None:
             return fixed

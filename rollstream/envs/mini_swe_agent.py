@@ -20,10 +20,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from rollstream.contracts.tool_calls import ToolCall, hermes
 from rollstream.envs.base import task_data
 from rollstream.envs.harness import swe_task
 from rollstream.envs.swe.instance import SweInstance
-from rollstream.envs.swe.tool_calls import ToolCall, hermes
 
 COMMAND = ('mini --agent-class default --exit-immediately -c swebench.yaml '
            '-c "$ROLLSTREAM_HARNESS_CONFIG" -t "$(cat "$ROLLSTREAM_TASK_FILE")" '

@@ -7,10 +7,11 @@ appends only the rest, and a call whose rendering does not start with it (the ha
 dropped history, or the template re-renders earlier turns) starts a new sample holding the whole
 rendering (Turn.new_sample). Nothing is silently re-tokenized.
 
-Tool calls in a completion are read with the `swe` environment's parsers (Hermes
-`<tool_call>` blocks or OpenAI JSON) and returned as OpenAI `tool_calls`; the assistant message's
-`content` is the text before the first `<tool_call>`, whitespace kept, so that content plus the
-calls written back the Hermes way is the sampled text again. The embedded policy's template has
+Tool calls in a completion are read with the parsers the environments use too
+(rollstream.contracts.tool_calls: Hermes `<tool_call>` blocks or OpenAI JSON) and returned as
+OpenAI `tool_calls`; the assistant message's `content` is the text before the first
+`<tool_call>`, whitespace kept, so that content plus the calls written back the Hermes way is the
+sampled text again. The embedded policy's template has
 no tool syntax of its own, so an assistant message's tool calls are written back into its text
 that way (what the policy sampled); a Hugging Face template gets them as structured
 `tool_calls` and the request's `tools`, as transformers' `apply_chat_template` passes them.
@@ -22,8 +23,8 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rollstream.envs.swe.tool_calls import ToolCall, hermes, parse_tool_calls
-from rollstream.inference.chat import EmbeddedChatTemplate
+from rollstream.contracts.inference import EmbeddedChatTemplate
+from rollstream.contracts.tool_calls import ToolCall, hermes, parse_tool_calls
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 

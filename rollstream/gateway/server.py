@@ -34,12 +34,13 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from rollstream.contracts.events import Termination, Trajectory
 from rollstream.envs.base import StepResult
 from rollstream.gateway.messages import BadChatRequest, PromptBuilder, assistant_message, normalize
 from rollstream.inference.client import InferenceError
 from rollstream.runtime import EventContext
 from rollstream.sandbox import SandboxError
-from rollstream.turns import Episode, EpisodeEnded, Turns
+from rollstream.turns import EpisodeEnded, Playing, Turns
 
 if TYPE_CHECKING:
     from rollstream.envs.harness import HarnessEnv
@@ -74,7 +75,7 @@ async def _json_object(request: web.Request) -> dict:
 
 
 @dataclass(kw_only=True)
-class GatewayEpisode(Episode):
+class GatewayEpisode(Playing):
     """One harness episode as the gateway serves it: its key, and the harness's environment."""
 
     key: str
@@ -82,7 +83,7 @@ class GatewayEpisode(Episode):
     ended: asyncio.Event = field(default_factory=asyncio.Event)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
-    def end(self, termination: str, detail: str) -> None:
+    def end(self, termination: Termination, detail: str) -> None:
         """Stop the episode (the first reason wins); the harness is stopped by its runner."""
         if not self.ended.is_set():
             super().end(termination, detail)
@@ -129,7 +130,7 @@ class Gateway:
     def base_url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    def open(self, trajectory: dict, ctx: EventContext, env: HarnessEnv, state: dict,
+    def open(self, trajectory: Trajectory, ctx: EventContext, env: HarnessEnv, state: dict,
              max_total_tokens: int | None) -> GatewayEpisode:
         episode = GatewayEpisode(trajectory=trajectory, ctx=ctx, state=state,
                                  max_total_tokens=max_total_tokens,
@@ -142,7 +143,7 @@ class Gateway:
 
     # -- a harness episode -------------------------------------------------------------------
 
-    async def play(self, env: HarnessEnv, trajectory: dict, ctx: EventContext) -> None:
+    async def play(self, env: HarnessEnv, trajectory: Trajectory, ctx: EventContext) -> None:
         """Run the episode's harness against this gateway until it exits, then record how it
         ended and the workspace's diff. An episode resumed from a checkpoint is restarted
         cleanly: its harness died with the process that ran it, and a harness's own state
@@ -284,7 +285,7 @@ class Gateway:
                                   "timed_out": result.timed_out})
 
 
-def _refusal(trajectory: dict, calls: int) -> CallRefused:
+def _refusal(trajectory: Trajectory, calls: int) -> CallRefused:
     """The OpenAI-style error that tells the harness how its episode ended."""
     termination, detail = trajectory["termination"], trajectory["termination_detail"]
     if termination == "MAX_TURNS":

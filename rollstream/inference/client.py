@@ -27,8 +27,8 @@ from typing import Any
 
 import aiohttp
 
+from rollstream.contracts.inference import SAMPLING_DEFAULTS
 from rollstream.contracts.wire import POLICY_VERSION_HEADER
-from rollstream.inference.sampling import SAMPLING_DEFAULTS
 
 _OVERFLOW = re.compile(r"maximum context length|maximum model length|max_model_len", re.I)
 _MAX_LEN = re.compile(r"maximum (?:context|model) length (?:is|of) (\d+)", re.I)

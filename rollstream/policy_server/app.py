@@ -49,9 +49,8 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from rollstream.contracts.inference import ByteTokenizer, EmbeddedChatTemplate
 from rollstream.contracts.wire import POLICY_VERSION_HEADER, VERSION_PATH
-from rollstream.inference.chat import EmbeddedChatTemplate
-from rollstream.inference.tokenizer import ByteTokenizer
 from rollstream.policy_server.engine import AdapterGone, Engine
 from rollstream.policy_server.model import (
     Sequence,

@@ -25,8 +25,7 @@ from safetensors.torch import save_file
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_sequence
 
-from rollstream.inference.sampling import SamplingParams
-from rollstream.inference.tokenizer import END, EOS, PAD, VOCAB_SIZE
+from rollstream.contracts.inference import END, EOS, PAD, VOCAB_SIZE, SamplingParams
 
 MAX_MODEL_LEN = 2048
 GREEDY_EPS = 1e-5  # vLLM treats temperature below this as greedy

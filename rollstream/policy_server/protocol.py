@@ -9,7 +9,7 @@ from typing import Any
 
 from aiohttp import web
 
-from rollstream.inference.sampling import SamplingParams
+from rollstream.contracts.inference import SamplingParams
 
 LOGPROB_FLOOR = -9999.0  # vLLM's JSON stand-in for -inf
 # Request fields this server accepts only at their neutral value (a client that pins them

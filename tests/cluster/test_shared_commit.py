@@ -20,7 +20,7 @@ import pytest
 
 from rollstream.cluster import kafka
 from rollstream.cluster.topics import create_topics, delete_topics
-from rollstream.cluster.transaction import HUNG_S, Checkpoint, Steps
+from rollstream.cluster.transaction import HUNG_S, Steps, Transaction
 from rollstream.config import Settings, Topics, load
 from rollstream.runtime import EventContext, Output, StageRuntime
 from tests.helpers.runtime_helpers import SlowEcho, policy_event, read_all
@@ -41,13 +41,13 @@ class Checkpointing(SlowEcho):
 
 
 class Hold:
-    """Holds the first call `what` of a checkpoint's real producer once `when()` holds: a
+    """Holds the first call `what` of a transaction's real producer once `when()` holds: a
     coordinator that does not answer until `release` (HUNG_S at most)."""
 
-    def __init__(self, checkpoint: Checkpoint, what: str, when: Callable[[], bool]) -> None:
+    def __init__(self, transaction: Transaction, what: str, when: Callable[[], bool]) -> None:
         self.held, self.release, self.returned = (threading.Event(), threading.Event(),
                                                   threading.Event())
-        call = checkpoint._call
+        call = transaction._call
 
         def holding(name: str, fn: Callable[..., Any], *args: Any) -> Steps[Any]:
             if name != what or self.held.is_set() or not when():
@@ -63,7 +63,7 @@ class Hold:
             self.held.set()
             return call(name, held_then, *args)
 
-        checkpoint._call = holding  # type: ignore[method-assign]
+        transaction._call = holding  # type: ignore[method-assign]
 
     def out(self) -> bool:
         return self.held.is_set() and not self.returned.is_set()
@@ -143,19 +143,19 @@ def test_a_commit_waiting_on_the_cluster_holds_up_only_its_own_job(
         jobs: dict[str, Settings]) -> None:
     a, b = runtimes(jobs)
     # Job A's commit_transaction is held once A is under way, with events in flight.
-    hold = Hold(a.checkpoint, "commit_transaction",
+    hold = Hold(a.transaction, "commit_transaction",
                 lambda: a.stats["processed"] >= 10 and a.in_flight >= 4)
     # Any record job A's events produce while its commit is out would land in the committed
     # (or a closed) transaction.
     into_commit: list[str] = []
-    produce = a.checkpoint.produce
+    produce = a.transaction.produce
 
     def watched(topic: str, *args: Any, **kwargs: Any) -> None:
         if hold.out():
             into_commit.append(topic)
         produce(topic, *args, **kwargs)
 
-    a.checkpoint.produce = watched  # type: ignore[method-assign]
+    a.transaction.produce = watched  # type: ignore[method-assign]
 
     with on_one_loop(a, b):
         try:
@@ -183,12 +183,12 @@ def test_a_new_producer_waiting_on_the_cluster_holds_up_only_its_own_job(
     # Another producer takes job A's transactional id once A is under way: A's transaction
     # fails, and the initialization of its new producer is held.
     fenced = threading.Event()
-    hold = Hold(a.checkpoint, "init_transactions", fenced.is_set)
+    hold = Hold(a.transaction, "init_transactions", fenced.is_set)
 
     with on_one_loop(a, b):
         wait_until(lambda: a.stats["processed"] >= 10, "job A under way")
         fenced.set()  # first: A may fail and start its new producer before this returns
-        kafka.producer(jobs["a"], a.checkpoint.transactional_id).init_transactions(10)
+        kafka.producer(jobs["a"], a.transaction.transactional_id).init_transactions(10)
         try:
             during = b_during(b, hold)
         finally:

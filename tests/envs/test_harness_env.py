@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 
 from producers.publish import load_tasks, validate_task
+from rollstream.contracts.tool_calls import ToolCall, hermes
 from rollstream.dev.background import BackgroundServer
 from rollstream.dev.scripted import Script, create_app
 from rollstream.envs.base import InvalidTask
 from rollstream.envs.harness import HarnessEnv, HarnessSpec
 from rollstream.envs.mini_swe_agent import harness_task
-from rollstream.envs.swe.tool_calls import ToolCall, hermes
 from tests.helpers.run_helpers import play, run_settings
 from tests.helpers.sandbox_helpers import needs_bwrap, sandbox_root
 from tests.helpers.swe_helpers import SHIPPED

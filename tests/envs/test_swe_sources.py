@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from producers.publish import FORMATS, TaskFileError, load_tasks
+from rollstream.contracts.tool_calls import MalformedCall, ToolCall, parse_tool_calls
 from rollstream.envs.base import InvalidTask
 from rollstream.envs.swe.instance import SweInstance
 from rollstream.envs.swe.log_parsers import (
@@ -18,7 +19,6 @@ from rollstream.envs.swe.log_parsers import (
     parse_sympy,
     register,
 )
-from rollstream.envs.swe.tool_calls import MalformedCall, ToolCall, parse_tool_calls
 
 TEST_PATCH = ("diff --git a/tests/test_x.py b/tests/test_x.py\n--- a/tests/test_x.py\n"
               "+++ b/tests/test_x.py\n@@ -1 +1,2 @@\n x = 1\n+y = 2\n")

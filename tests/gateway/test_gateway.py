@@ -20,13 +20,12 @@ import pytest
 
 import rollstream.turns
 from rollstream.contracts.codec import unpack_ids
+from rollstream.contracts.inference import END, ByteTokenizer, EmbeddedChatTemplate
+from rollstream.contracts.tool_calls import ToolCall, hermes
 from rollstream.dev.background import BackgroundServer
 from rollstream.dev.processes import free_port
 from rollstream.dev.scripted import Script, create_app
-from rollstream.envs.swe.tool_calls import ToolCall, hermes
 from rollstream.gateway.server import EXEC_PATH, Gateway, GatewayEpisode
-from rollstream.inference.chat import EmbeddedChatTemplate
-from rollstream.inference.tokenizer import END, ByteTokenizer
 from rollstream.runtime import EventContext, Output
 from stages.run import RunStage
 from tests.helpers.run_helpers import run_settings

@@ -18,7 +18,7 @@ def trained(settings: Settings, batch: Batch, step: int) -> Output:
 def work(bootstrap: str, prefix: str) -> None:
     """A trainer process that commits one tiny batch after another, as fast as it can."""
     settings = Settings(bootstrap_servers=bootstrap, prefix=prefix, instance_id="trainer-k")
-    with TrainerBridge(settings, groups_per_batch=1, transactional=True) as bridge:
+    with TrainerBridge(settings, groups_per_batch=1) as bridge:
         for step, batch in enumerate(bridge.batches(idle_timeout_s=600)):
             batch.ack([trained(settings, batch, step)])
             print(step, flush=True)  # the test kills it once it has committed

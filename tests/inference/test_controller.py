@@ -10,9 +10,9 @@ from typing import Any
 import aiohttp
 
 from rollstream.contracts.wire import VERSION_PATH, lora_name
+from rollstream.controller.apply import Applied, apply_policy, current_version
 from rollstream.dev.background import BackgroundServer
 from rollstream.dev.processes import free_port
-from rollstream.inference.controller import Applied, apply_policy, current_version
 from rollstream.policy_server.model import build_model, save
 from rollstream.vllm_middleware import PolicyVersionMiddleware
 from tests.helpers.controller_helpers import against, fake_vllm, policy_event

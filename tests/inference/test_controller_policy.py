@@ -16,8 +16,8 @@ from confluent_kafka import TopicPartition
 from rollstream.cluster import kafka
 from rollstream.config import Settings
 from rollstream.contracts.codec import codec
+from rollstream.controller.apply import Controller
 from rollstream.dev.background import BackgroundServer
-from rollstream.inference.controller import Controller
 from rollstream.policy_server.model import build_model, save
 from rollstream.runtime import StageRuntime
 from stages.run import RunStage

@@ -14,9 +14,9 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from rollstream.contracts.inference import END, EmbeddedChatTemplate
 from rollstream.dev.background import BackgroundServer
 from rollstream.dev.simulated import Fleet, SimulatedServer
-from rollstream.inference.chat import EmbeddedChatTemplate
 from rollstream.inference.client import (
     BadRequest,
     Completion,
@@ -27,7 +27,6 @@ from rollstream.inference.client import (
     parse_load,
     request_body,
 )
-from rollstream.inference.tokenizer import END
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 VLLM_REQUEST = json.loads((FIXTURES / "vllm_completion_request.json").read_text())

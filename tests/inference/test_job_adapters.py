@@ -14,8 +14,8 @@ import schemas
 from rollstream.config import Settings, load
 from rollstream.contracts.codec import codec
 from rollstream.contracts.wire import check_adapter, lora_name, lora_version, split_lora
+from rollstream.controller.apply import apply_policy, current_version
 from rollstream.dev.simulated import Fleet, SimulatedServer
-from rollstream.inference.controller import apply_policy, current_version
 from rollstream.inference.routing import AdapterMissing, Router
 from tests.helpers.controller_helpers import against, fake_vllm, policy_event
 from tests.helpers.run_helpers import guess_episodes, play, run_settings

@@ -26,10 +26,10 @@ from producers.publish import load_tasks, publish, validate_task
 from rollstream.config import Settings
 from rollstream.contracts.codec import unpack_ids, unpack_logprobs
 from rollstream.contracts.wire import lora_name
+from rollstream.controller.apply import apply_policy, current_version
 from rollstream.dev.loop import ClosedLoop, LoopConfig
 from rollstream.envs import mini_swe_agent
 from rollstream.inference.client import InferenceClient
-from rollstream.inference.controller import apply_policy, current_version
 from stages.run import conversation
 from tests.helpers.hf import transformers
 from tests.helpers.run_helpers import contexts, guess_episodes, play, run_settings

@@ -13,10 +13,10 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from rollstream.controller.apply import apply_policy, current_version, parse_version
 from rollstream.dev.background import BackgroundServer
 from rollstream.dev.simulated import Fleet, SimulatedServer
 from rollstream.inference.client import request_body
-from rollstream.inference.controller import apply_policy, current_version, parse_version
 from rollstream.inference.routing import UNKNOWN_VERSION, labelled_version
 from rollstream.policy_server.model import build_model, save
 from tests.helpers.run_helpers import guess_episodes, play, run_settings

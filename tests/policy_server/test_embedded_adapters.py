@@ -19,11 +19,11 @@ from rollstream.cluster import kafka
 from rollstream.cluster.topics import create_topics, delete_topics
 from rollstream.config import Settings
 from rollstream.contracts.codec import codec, unpack_ids
+from rollstream.contracts.inference import EmbeddedChatTemplate
 from rollstream.contracts.wire import POLICY_VERSION_HEADER
+from rollstream.controller.apply import Controller, apply_policy, current_version
 from rollstream.dev.background import BackgroundServer
-from rollstream.inference.chat import EmbeddedChatTemplate
 from rollstream.inference.client import BadRequest, Completion, InferenceClient
-from rollstream.inference.controller import Controller, apply_policy, current_version
 from rollstream.policy_server.model import TinyLM, build_model, generate, save
 from tests.helpers.controller_helpers import policy_event
 from tests.helpers.pipeline_helpers import wait

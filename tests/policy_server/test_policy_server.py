@@ -13,12 +13,19 @@ import aiohttp
 import pytest
 import torch
 
+from rollstream.contracts.inference import (
+    ASSISTANT,
+    END,
+    EOS,
+    USER,
+    VOCAB_SIZE,
+    ByteTokenizer,
+    EmbeddedChatTemplate,
+    SamplingParams,
+)
 from rollstream.contracts.wire import POLICY_VERSION_HEADER
 from rollstream.dev.background import BackgroundServer
-from rollstream.inference.chat import EmbeddedChatTemplate
 from rollstream.inference.client import InferenceClient
-from rollstream.inference.sampling import SamplingParams
-from rollstream.inference.tokenizer import ASSISTANT, END, EOS, USER, VOCAB_SIZE, ByteTokenizer
 from rollstream.policy_server.model import (
     ContextLengthError,
     DecodeBatch,

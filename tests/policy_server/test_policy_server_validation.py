@@ -15,9 +15,8 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from rollstream.contracts.inference import EmbeddedChatTemplate, SamplingParams
 from rollstream.dev.background import BackgroundServer
-from rollstream.inference.chat import EmbeddedChatTemplate
-from rollstream.inference.sampling import SamplingParams
 from rollstream.policy_server.engine import Engine
 from rollstream.policy_server.model import Sequence, build_model
 

@@ -87,7 +87,7 @@ def test_a_drain_whose_last_commit_is_fenced_commits_none_of_its_offsets(
         while first.in_flight < 20:
             assert time.monotonic() < deadline, f"{first.in_flight} of 20 events started"
             time.sleep(0.05)
-        kafka.producer(settings, first.checkpoint.transactional_id).init_transactions(30)
+        kafka.producer(settings, first.transaction.transactional_id).init_transactions(30)
     finally:
         first.stop()
         thread.join(60)

@@ -10,13 +10,14 @@ from collections import Counter
 import pytest
 
 from rollstream.contracts.codec import unpack_ids
+from rollstream.contracts.inference import EmbeddedChatTemplate
 from rollstream.contracts.wire import lora_name
 from rollstream.dev.simulated import Fleet, SimulatedServer
-from rollstream.inference.chat import EmbeddedChatTemplate
+from rollstream.envs.base import ENV_KINDS
 from rollstream.inference.routing import UNKNOWN_VERSION, Router, VersionUnknown
 from rollstream.runtime import EventContext
 from stages.eval import EvalStage
-from stages.run import RunStage, conversation
+from stages.run import PLAYERS, RunStage, conversation, player
 from tests.helpers.run_helpers import guess_episodes, play, run_settings
 
 
@@ -246,6 +247,13 @@ def test_conversation_rebuilds_the_chat_from_turns() -> None:
     assert conversation(task, turns) == [
         {"role": "user", "content": task["prompt"]}, {"role": "assistant", "content": "5"},
         {"role": "user", "content": "higher"}, {"role": "assistant", "content": "8"}]
+
+
+def test_every_environment_kind_has_one_registered_player() -> None:
+    assert sorted(PLAYERS) == sorted(ENV_KINDS)
+    with pytest.raises(ValueError, match="'steps' is registered already"):
+        player("steps")(PLAYERS["steps"])
+    assert len(PLAYERS) == len(ENV_KINDS)
 
 
 def test_run_settings_list_every_server(tmp_path) -> None:

@@ -17,9 +17,9 @@ from producers.publish import validate_task
 from rollstream.cluster import kafka
 from rollstream.config import Settings
 from rollstream.contracts.codec import codec, pack_ids, pack_logprobs, unpack_ids
+from rollstream.contracts.inference import EmbeddedChatTemplate
 from rollstream.dev.processes import ProcessGroup, free_port
 from rollstream.dev.simulated import Fleet, SimulatedServer
-from rollstream.inference.chat import EmbeddedChatTemplate
 from rollstream.runtime import StageRuntime
 from stages.run import RunStage
 

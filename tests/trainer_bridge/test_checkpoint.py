@@ -21,10 +21,10 @@ from rollstream.cluster.transaction import (
     FENCE_LIMIT,
     HUNG_S,
     WAIT_S,
-    Checkpoint,
     FenceCounter,
     IdInUse,
     Rewind,
+    Transaction,
     classify,
 )
 from rollstream.config import Settings
@@ -75,7 +75,7 @@ def test_a_call_out_is_served_and_abandoned_once_it_is_no_longer_wanted() -> Non
         served.append(time.monotonic())
         return len(served) >= 3
 
-    checkpoint = Checkpoint(Settings(bootstrap_servers="127.0.0.1:1"), "serve-test")
+    checkpoint = Transaction(Settings(bootstrap_servers="127.0.0.1:1"), "serve-test")
     stuck = threading.Event()  # a call that does not return until released
     started = time.monotonic()
     try:
@@ -95,13 +95,13 @@ def test_a_fenced_trainer_cannot_commit_and_the_new_one_trains_each_batch_once(
         settings: Settings) -> None:
     settings = replace(settings, instance_id="trainer-1")
     publish_groups(settings, tasks=8, group_size=2)
-    zombie = TrainerBridge(settings, groups_per_batch=1, transactional=True)
+    zombie = TrainerBridge(settings, groups_per_batch=1)
     batches = zombie.batches(idle_timeout_s=20)
     first = next(batches)
     first.ack([trained(settings, first, 1)])
     second = next(batches)  # taken, trained, but not yet committed when the new trainer starts
 
-    with TrainerBridge(settings, groups_per_batch=1, transactional=True) as successor:
+    with TrainerBridge(settings, groups_per_batch=1) as successor:
         with pytest.raises(Rewind):  # fenced: its producer epoch and group member are stale
             second.ack([trained(settings, second, 2)])
         zombie.close()
@@ -129,8 +129,7 @@ def test_a_trainer_killed_mid_commit_trains_each_batch_once(settings: Settings) 
     done = len(trained_episodes(settings))
     assert done < 2 * TASKS, "the kills came after the work was done"
 
-    with TrainerBridge(replace(settings, instance_id="trainer-k"), groups_per_batch=1,
-                       transactional=True) as bridge:
+    with TrainerBridge(replace(settings, instance_id="trainer-k"), groups_per_batch=1) as bridge:
         for step, batch in enumerate(bridge.batches(idle_timeout_s=5)):
             batch.ack([trained(settings, batch, 1000 + step)])
     assert sorted(trained_episodes(settings)) == expected(TASKS, 2)

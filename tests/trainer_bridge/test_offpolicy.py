@@ -54,7 +54,7 @@ def test_run_two_trains_on_run_ones_log_with_the_logged_logprobs(
 
     trainer = GRPOTrainer(TinyPolicy(seed=0), tmp_path / "ckpt", version=10)
     steps = 0
-    with TrainerBridge(replay_settings(run2), 2, transactional=True) as replayed, \
+    with TrainerBridge(replay_settings(run2), 2) as replayed, \
             TrainerBridge(run2, 2) as fresh:
         for batch in mixed(fresh, replayed, replay_share=1.0, max_batches=2, idle_timeout_s=10):
             tensors = to_tensors(batch.trainable)

@@ -208,7 +208,7 @@ def test_async_grpo_worker_feeds_trls_dataset_and_collator(
     publish_scored(settings, sampled_groups(tiny.model, 4, GROUP))
     per_step = 2 * GROUP
     weights = SavedWeights(tmp_path / "weights")
-    bridge = TrainerBridge(settings, 2, transactional=True)
+    bridge = TrainerBridge(settings, 2)
     worker = RolloutWorker(bridge, per_step, weights)
     metrics: dict[str, list] = defaultdict(list)
     dataset = trl_async.RolloutQueueDataset(

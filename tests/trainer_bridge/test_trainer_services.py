@@ -80,7 +80,7 @@ def test_trl_service_mode_publishes_the_trainers_prompts_and_trains_on_their_gro
     model = tiny_model.build(tmp_path / "tiny").model
     with TrainerBridge(job, 2) as dropping, pytest.raises(ValueError, match="zero-variance"):
         trl_adapter.TaskRollouts(dropping, tmp_path, env="copy_letter")
-    bridge = TrainerBridge(job, 2, GroupPolicy(drop_zero_variance=False), transactional=True)
+    bridge = TrainerBridge(job, 2, GroupPolicy(drop_zero_variance=False))
     rollouts = Recorded(bridge, tmp_path / "ckpt", env="copy_letter",
                         data=lambda prompt: {"letter": prompt[-1]}, idle_timeout_s=120)
     steps, letters = 2, "abcd"

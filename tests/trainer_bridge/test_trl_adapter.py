@@ -109,7 +109,7 @@ def test_async_grpo_trainer_trains_through_the_rollout_worker(
         num_generations=GROUP, max_steps=steps, learning_rate=1e-3, weight_sync_steps=1,
         token_budget=0, use_cpu=True, bf16=False, report_to=[], save_strategy="no",
         logging_steps=1, heartbeat_stale_after_s=120)
-    with TrainerBridge(settings, GROUPS_PER_STEP, transactional=True) as bridge:
+    with TrainerBridge(settings, GROUPS_PER_STEP) as bridge:
         worker = trl_adapter.RolloutWorker(bridge, per_step, weights)
         AsyncGRPOTrainer(
             model=str(tiny.model), reward_funcs=trl_adapter.rollstream_reward, args=args,

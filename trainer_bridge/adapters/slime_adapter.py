@@ -70,7 +70,7 @@ def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: b
         from rollstream.config import load
 
         groups = int(os.environ.get("ROLLSTREAM_SLIME_GROUPS", "0")) or 4
-        bridge = _state["bridge"] = TrainerBridge(load(), groups, transactional=True)
+        bridge = _state["bridge"] = TrainerBridge(load(), groups)
     last: Batch | None = _state.pop("batch", None)
     if last is not None:
         last.ack()

@@ -31,7 +31,7 @@ import numpy as np
 
 from rollstream import policy_versions
 from rollstream.config import Settings
-from rollstream.contracts.events import POLICY_VERSION
+from rollstream.contracts.events import POLICY_VERSION, PolicyVersion
 from rollstream.runtime import Output
 from trainer_bridge.adapters.sequences import split
 from trainer_bridge.adapters.tasks import publish_tasks
@@ -56,11 +56,12 @@ def start_from(settings: Settings, base: Path) -> tuple[Path, int]:
 
 
 def version_event(settings: Settings, version: int, uri: Path, step_id: str,
-                  metrics: dict[str, float]) -> Output:
-    """The PolicyVersion of a step, as the output its batch's ack commits."""
-    return Output(settings.topics.policy, "policy", POLICY_VERSION, {
+                  metrics: dict[str, float]) -> tuple[Output, PolicyVersion]:
+    """The PolicyVersion of a step, and the output its batch's ack commits it as."""
+    event: PolicyVersion = {
         "version": version, "kind": "full", "uri": str(uri), "step_id": step_id,
-        "metrics": metrics, "created_at_ms": int(time.time() * 1000)})
+        "metrics": metrics, "created_at_ms": int(time.time() * 1000)}
+    return Output(settings.topics.policy, "policy", POLICY_VERSION, event), event
 
 
 def rollout_columns(samples: list[Sample]) -> dict[str, list]:
@@ -96,7 +97,7 @@ class BridgeRollouts:
         self.version = version
         self.idle_timeout_s = idle_timeout_s
         self.taken: Batch | None = None
-        self.published: list[dict] = []  # the PolicyVersion events this process committed
+        self.published: list[PolicyVersion] = []  # the events this process committed
         bridge.current_version = version
         self._batches: Iterator[Batch] | None = None
 
@@ -122,7 +123,7 @@ class BridgeRollouts:
                                f"{self.idle_timeout_s} s")
         return batch.groups
 
-    def step_done(self, model: Any, metrics: dict[str, float] | None = None) -> dict:
+    def step_done(self, model: Any, metrics: dict[str, float] | None = None) -> PolicyVersion:
         """The trainer has stepped on the taken batch: save the weights, then commit the batch
         with its PolicyVersion."""
         if self.taken is None or self.taken.acked:
@@ -130,12 +131,12 @@ class BridgeRollouts:
         self.version += 1
         path = self.checkpoint_dir / f"policy-v{self.version}"
         model.save_pretrained(path, safe_serialization=True)
-        event = version_event(self.settings, self.version, path, self.taken.step_id, {
+        out, event = version_event(self.settings, self.version, path, self.taken.step_id, {
             "samples": float(len(self.taken.samples)), **(metrics or {})})
-        self.taken.ack([event])
+        self.taken.ack([out])
         self.bridge.current_version = self.version
-        self.published.append(event.value)
-        return event.value
+        self.published.append(event)
+        return event
 
     def callback(self) -> Any:
         """A `transformers.TrainerCallback` calling `step_done` at each step's end."""
@@ -239,7 +240,7 @@ class RolloutWorker:
         self.max_batches_ahead = max_batches_ahead
         self.rollout_buffer: queue.Queue = queue.Queue()
         self.metrics_queue: queue.Queue = queue.Queue()
-        self.published: list[dict] = []  # the PolicyVersion events this worker committed
+        self.published: list[PolicyVersion] = []  # the events this worker committed
         self._versions: queue.Queue[int] = queue.Queue()
         self._handed: deque[tuple[int, Batch]] = deque()  # (samples handed through it, batch)
         self._handed_count = 0
@@ -314,11 +315,11 @@ class RolloutWorker:
             if done:
                 merged = Batch([g for b in done for g in b.groups], self.bridge)
                 uri = self.weights.latest or Path("")
-                event = version_event(self.bridge.settings, self.version + syncs, uri,
-                                      merged.step_id, {"samples": float(len(merged.samples))})
-                merged.ack([event])
+                out, event = version_event(self.bridge.settings, self.version + syncs, uri,
+                                           merged.step_id, {"samples": float(len(merged.samples))})
+                merged.ack([out])
                 self.bridge.current_version = self.version + syncs
-                self.published.append(event.value)
+                self.published.append(event)
 
 
 def to_rollout_sample(cls: type, sample: Sample, group_id: int, version_offset: int = 0) -> Any:
@@ -371,7 +372,7 @@ def train(settings: Settings, model_dir: Path, checkpoint_dir: Path, *, max_step
     `published` lists the versions this run committed). `policy` is the bridge's group policy;
     `config` goes to GRPOConfig."""
     start, version = start_from(settings, Path(model_dir))
-    bridge = TrainerBridge(settings, groups_per_batch, policy, transactional=True)
+    bridge = TrainerBridge(settings, groups_per_batch, policy)
     rollouts = BridgeRollouts(bridge, checkpoint_dir, version, idle_timeout_s)
     # The prompts are only a count here: the rollouts are the scored topic's, prompts included.
     trainer = grpo_trainer(rollouts, Path(model_dir), start,

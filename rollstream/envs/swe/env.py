@@ -19,6 +19,7 @@ import json
 import logging
 from typing import Any, ClassVar
 
+from rollstream.contracts.tool_calls import MalformedCall, parse_tool_calls
 from rollstream.envs.base import (
     Environment,
     Score,
@@ -29,7 +30,6 @@ from rollstream.envs.base import (
 from rollstream.envs.swe import workspace
 from rollstream.envs.swe.grading import grade, sandbox_spec
 from rollstream.envs.swe.instance import SweInstance
-from rollstream.envs.swe.tool_calls import MalformedCall, parse_tool_calls
 from rollstream.envs.swe.tools import Tools
 from rollstream.envs.swe.workspace import WorkspaceError
 from rollstream.sandbox import Sandbox, SandboxError

@@ -9,8 +9,8 @@ from __future__ import annotations
 import re
 import shlex
 
+from rollstream.contracts.tool_calls import ToolCall, hermes
 from rollstream.envs.swe.instance import SweInstance
-from rollstream.envs.swe.tool_calls import ToolCall, hermes
 
 _FILE = re.compile(r"^diff --git a/(\S+) b/(\S+)\n(.*?)(?=^diff --git |\Z)", re.M | re.S)
 _HUNK = re.compile(r"^@@ [^\n]*@@[^\n]*\n(.*?)(?=^@@ |\Z)", re.M | re.S)

@@ -14,8 +14,8 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
+from rollstream.contracts.tool_calls import ToolCall
 from rollstream.envs.swe.instance import ScaffoldConfig
-from rollstream.envs.swe.tool_calls import ToolCall
 from rollstream.sandbox import Sandbox
 
 MAX_FILE_BYTES = 1 << 20  # the editor's limit: larger files are for bash

@@ -54,7 +54,7 @@ from rollstream import config
 from rollstream.contracts.wire import VERSION_PATH, check_adapter, lora_name, lora_version
 from rollstream.telemetry import health, metrics
 
-log = logging.getLogger("rollstream.inference.controller")
+log = logging.getLogger("rollstream.controller")
 
 
 class ApplyError(RuntimeError):
