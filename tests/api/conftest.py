@@ -1,0 +1,41 @@
+"""One cluster, pipeline and API process for the package's tests (they take a minute to start
+on a busy machine): jobs alpha (its pipeline runs) and beta (tokens only), each with a token."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from rollstream.cluster.topics import delete_topics
+from rollstream.config import Settings
+from rollstream.dev.processes import ProcessGroup
+from tests.helpers.api_helpers import Api, Cluster, new_cluster, pipeline
+
+
+@dataclass
+class ApiSetup:
+    cluster: Cluster
+    alpha: Settings  # job alpha's settings (its prefix)
+    procs: ProcessGroup
+    api: Api
+    run_args: list[str]
+
+
+@pytest.fixture(scope="package")
+def setup(bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiSetup]:
+    cluster = new_cluster(bootstrap)
+    for name in ("alpha", "beta"):
+        cluster.create_job(name)
+        cluster.tokens[name] = cluster.token(name)
+    procs = ProcessGroup(tmp_path_factory.mktemp("api-logs"))
+    alpha = cluster.job_settings("alpha")
+    try:
+        run_args = pipeline(procs, alpha)
+        api = Api(procs, cluster)
+        api.start()
+        yield ApiSetup(cluster, alpha, procs, api, run_args)
+    finally:
+        procs.stop_all()
+        delete_topics(bootstrap, cluster.prefix, whole_namespace=True)
