@@ -114,6 +114,7 @@ class JobLog:
         self.tasks: dict[str, ApiTask] = {}
         self._early: dict[str, dict[int, ScoredTrajectory]] = {}  # results ahead of their task
         self._markers: dict[str, set[str]] = {}  # markers ahead of their task
+        self.marked: set[tuple[str, str]] = set()  # (marker, task id) read back
         self._waiters: dict[str, list[asyncio.Future[None]]] = {}
         self.subscribers: set[asyncio.Queue[dict[str, Any]]] = set()
         self.on_finished: list[Callable[[ApiTask], None]] = []
@@ -222,6 +223,10 @@ class JobLog:
         self._changed(entry)
 
     def _add_marker(self, tid: str, marker: str) -> None:
+        self.marked.add((marker, tid))
+        for waiter in self._waiters.pop(tid, []):
+            if not waiter.done():
+                waiter.set_result(None)
         entry = self.tasks.get(tid)
         if entry is None:
             self._markers.setdefault(tid, set()).add(marker)
@@ -303,7 +308,11 @@ class JobLog:
         return entry
 
     async def mark(self, tid: str, marker: str) -> None:
+        """Record `marker` for `tid`, returning once it is read back (what this process
+        answers next already reflects it)."""
         await self._send(self.settings.topics.seen, f"{MARKER}{marker}/{tid}", b"")
+        while (marker, tid) not in self.marked:
+            await self.wait(tid, 5.0)
 
     async def _send(self, topic: str, key: str, value: bytes) -> None:
         done: asyncio.Future[None] = self._loop.create_future()

@@ -68,9 +68,13 @@ class ServingPolar:
         if tid not in log.tasks and log.cancelled_before(tid):
             raise Refused(409, f"task {call.task_id} was cancelled before submission")
         task = validated(self.validate, lambda: protocol.to_task(call, tid))
-        entry = await log.submit(task)
+        known = log.tasks.get(tid)
+        await log.submit(task)
         metrics.api_task("polar")
-        return web.json_response({"task_id": call.task_id, "status": entry.status()})
+        # A new task is running when accepted (it may be over by the time it is read back); a
+        # known one is answered as it is.
+        status = "running" if known is None else known.status()
+        return web.json_response({"task_id": call.task_id, "status": status})
 
     async def _known(self, request: web.Request) -> tuple[JobLog, str, ApiTask | None]:
         log = job_log(request)

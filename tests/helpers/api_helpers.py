@@ -64,6 +64,11 @@ class Cluster:
         self.outputs.append(out)
         return out.strip()
 
+    def revoke(self, name: str, token_id: str) -> str:
+        out = cli(self.bootstrap, self.prefix, "jobs", "token", "revoke", name, token_id)
+        self.outputs.append(out)
+        return out.strip()
+
 
 def new_cluster(bootstrap: str) -> Cluster:
     found = Cluster(bootstrap, f"t{uuid.uuid4().hex[:8]}")
@@ -80,16 +85,23 @@ class Api:
         self.url = f"http://127.0.0.1:{self.port}"
         self.starts = 0
 
+    @property
+    def name(self) -> str:
+        """Its process's name in the group (each start and each port another)."""
+        return f"api-{self.port}-{self.starts}"
+
     def start(self) -> None:
         self.starts += 1
-        self.procs.start(f"api-{self.starts}", "api", "--bootstrap-servers",
-                         self.cluster.bootstrap, "--prefix", self.cluster.prefix,
-                         "--port", str(self.port), "--metrics-port", str(free_port()),
-                         *self.extra)
-        wait_http(f"{self.url}/health", timeout=120, proc=self.procs.procs[f"api-{self.starts}"])
+        self.procs.start(self.name, "api", "--bootstrap-servers", self.cluster.bootstrap,
+                         "--prefix", self.cluster.prefix, "--port", str(self.port),
+                         "--metrics-port", str(free_port()), *self.extra)
+        wait_http(f"{self.url}/health", timeout=120, proc=self.procs.procs[self.name])
 
     def kill(self) -> None:
-        self.procs.kill(f"api-{self.starts}")
+        self.procs.kill(self.name)
+
+    def stop(self) -> None:
+        assert self.procs.stop(self.name) == 0, self.procs.log_tail(self.name)
 
     def call(self, method: str, path: str, token: str | None, payload: Any = None,
              timeout: float = 300) -> tuple[int, Any]:
@@ -156,8 +168,8 @@ class EventReader:
             for line in self.stream:
                 if line.startswith(b"data: "):
                     self.events.append(json.loads(line[6:]))
-        except (OSError, ValueError):
-            pass  # closed
+        except (OSError, ValueError, AttributeError):
+            pass  # closed (http.client reads from a None socket once closed)
 
     def of(self, task_id: str) -> list[dict]:
         return [e for e in self.events if e["data"].get("task_id") == task_id]
