@@ -1,9 +1,17 @@
 """Per-job tokens: another job's token is refused on this job's tasks, results and events; no
 token, a wrong one, a revoked one get 401; an API for one job refuses the others'; a rotated
-token replaces the old; no token is in any process's log or the CLI's output but its once."""
+token replaces the old; no token is in any process's log or the CLI's output but its once.
+HTTPS with a certificate."""
 
 from __future__ import annotations
 
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from rollstream.broker.secure import material
 from tests.api.conftest import ApiSetup
 from tests.helpers.api_helpers import Api, wait_until
 from tests.helpers.seed_api_models import AgentSpec, EvaluatorSpec, TaskRequest
@@ -30,10 +38,15 @@ def test_another_jobs_token_is_refused(setup: ApiSetup) -> None:
         assert status == 401 and "detail" in body
 
 
-def test_one_job_api_rotation_revocation_and_no_token_in_output(setup: ApiSetup) -> None:
+def test_one_job_api_over_tls_rotation_revocation_and_no_token_in_output(
+        setup: ApiSetup, tmp_path: Path) -> None:
     cluster = setup.cluster
-    only_alpha = Api(setup.procs, cluster, "--job", "alpha")
+    # Over HTTPS, with the secured broker's certificate (127.0.0.1 is in its names).
+    only_alpha = Api(setup.procs, cluster, "--job", "alpha", tls=material(tmp_path / "tls"))
     only_alpha.start()
+    assert only_alpha.url.startswith("https://")
+    with pytest.raises(urllib.error.URLError, match="CERTIFICATE_VERIFY_FAILED"):
+        urllib.request.urlopen(only_alpha.url + "/health", timeout=10)  # not trusted: no CA
     assert only_alpha.call("GET", "/status", cluster.tokens["beta"])[0] == 403
     assert only_alpha.call("GET", "/status", cluster.tokens["alpha"])[0] == 200
 

@@ -5,6 +5,7 @@ reader, and what the log holds."""
 from __future__ import annotations
 
 import json
+import ssl
 import subprocess
 import sys
 import threading
@@ -20,11 +21,12 @@ from typing import Any
 from confluent_kafka import Message
 
 from rollstream import config
+from rollstream.broker.secure import Material
 from rollstream.cluster import kafka
 from rollstream.cluster.topics import create_topics
 from rollstream.config import Settings
 from rollstream.contracts.codec import codec
-from rollstream.dev.processes import ProcessGroup, free_port, wait_http
+from rollstream.dev.processes import ProcessGroup, free_port
 from rollstream.service import jobs
 
 PARTITIONS = 2
@@ -79,10 +81,15 @@ def new_cluster(bootstrap: str) -> Cluster:
 class Api:
     """`rollstream api` processes of one cluster, in a ProcessGroup, on one port."""
 
-    def __init__(self, procs: ProcessGroup, cluster: Cluster, *extra: str) -> None:
+    def __init__(self, procs: ProcessGroup, cluster: Cluster, *extra: str,
+                 tls: Material | None = None) -> None:
+        """`tls`: serve HTTPS with the secured broker's certificate (trusting its CA here)."""
         self.procs, self.cluster, self.extra = procs, cluster, extra
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
+        self.context = ssl.create_default_context(cafile=tls.ca) if tls else None
+        if tls is not None:
+            self.extra += ("--tls-cert", str(tls.keystore), "--tls-key", str(tls.keystore))
         self.starts = 0
 
     @property
@@ -95,7 +102,15 @@ class Api:
         self.procs.start(self.name, "api", "--bootstrap-servers", self.cluster.bootstrap,
                          "--prefix", self.cluster.prefix, "--port", str(self.port),
                          "--metrics-port", str(free_port()), *self.extra)
-        wait_http(f"{self.url}/health", timeout=120, proc=self.procs.procs[self.name])
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            self.procs.check_alive()
+            try:
+                if self.call("GET", "/health", None, timeout=2)[0] == 200:
+                    return
+            except OSError:
+                time.sleep(0.2)
+        raise TimeoutError(f"{self.url} not serving after 120 s")
 
     def kill(self) -> None:
         self.procs.kill(self.name)
@@ -112,7 +127,8 @@ class Api:
         if token is not None:
             request.add_header("Authorization", f"Bearer {token}")
         try:
-            with urllib.request.urlopen(request, timeout=timeout) as answer:
+            with urllib.request.urlopen(request, timeout=timeout,
+                                        context=self.context) as answer:
                 return answer.status, json.load(answer)
         except urllib.error.HTTPError as exc:
             return exc.code, json.loads(exc.read() or b"null")
