@@ -22,8 +22,9 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
                     "the cluster's (its jobs topic). /metrics, /health and /ready are on "
                     "--metrics-port. See docs/api.md.")
     parser.add_argument("--host", default="0.0.0.0", help="address to listen on (default all)")
-    parser.add_argument("--port", type=int, default=8006,
-                        help="port to listen on (default 8006, ProRL Agent's)")
+    parser.add_argument("--api-port", type=int, default=8006,
+                        help="port of the API (default 8006, ProRL Agent's; the probes and "
+                             "/metrics are on --metrics-port)")
     parser.add_argument("--job", metavar="NAME", default=None,
                         help="serve this job only: every other job's token is refused (403)")
     parser.add_argument("--tls-cert", metavar="FILE", default=None,
@@ -58,7 +59,7 @@ def _run(args: argparse.Namespace) -> int:
     envs: set[str] = set()
     server = ApiServer(
         settings, lambda task: validate_task(task, envs, settings), host=args.host,
-        port=args.port, job=args.job, timeout_s=args.process_timeout,
+        port=args.api_port, job=args.job, timeout_s=args.process_timeout,
         fixed_llm_servers=args.fixed_llm_servers, callback_attempts=args.callback_attempts,
         tls=tls)
     return common.run_async(server.serve(), on_signal=server.stop)

@@ -100,7 +100,7 @@ class Api:
     def start(self) -> None:
         self.starts += 1
         self.procs.start(self.name, "api", "--bootstrap-servers", self.cluster.bootstrap,
-                         "--prefix", self.cluster.prefix, "--port", str(self.port),
+                         "--prefix", self.cluster.prefix, "--api-port", str(self.port),
                          "--metrics-port", str(free_port()), *self.extra)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
