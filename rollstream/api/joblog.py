@@ -153,7 +153,12 @@ class JobLog:
             return
         try:
             while not self._stop.is_set():
-                decoded = [d for d in map(self._decode, follower.poll(0.5, limit=500)) if d]
+                # consume() waits out its timeout unless `limit` records come: wait for one,
+                # then take what is there at once (a result is answered as soon as it is read).
+                records = follower.poll(0.5, limit=1)
+                if records:
+                    records += follower.poll(0, limit=500)
+                decoded = [d for d in map(self._decode, records) if d]
                 at_end = follower.at_end
                 if decoded or at_end:
                     self._loop.call_soon_threadsafe(self._apply, decoded, at_end)
