@@ -17,7 +17,7 @@ from typing import Any
 
 from aiohttp import web
 
-from rollstream.api.joblog import JobLog
+from rollstream.api.joblog import GRACE_S, JobLog, Unavailable
 from rollstream.config import Settings
 from rollstream.contracts.events import Job
 from rollstream.service import jobs
@@ -34,9 +34,11 @@ PUBLIC = ("/health",)
 class Jobs:
     """The cluster's jobs as this process knows them, and one JobLog per job called for."""
 
-    def __init__(self, settings: Settings, only: str | None = None) -> None:
+    def __init__(self, settings: Settings, only: str | None = None,
+                 grace_s: float = GRACE_S) -> None:
         self.settings = settings
         self.only = only
+        self.grace_s = grace_s
         self.logs: dict[str, JobLog] = {}
         self.on_new_log: list[Callable[[JobLog], None]] = []
         self._reader = jobs.JobReader(settings)
@@ -61,8 +63,12 @@ class Jobs:
 
     def log_of(self, job: Job) -> JobLog:
         found = self.logs.get(job["name"])
-        if found is None or found.settings.prefix != job["prefix"]:
-            found = self.logs[job["name"]] = JobLog(jobs.job_settings(self.settings, job))
+        # A log that could not read its topics is made anew: they may exist by now.
+        if found is None or found.failed or found.settings.prefix != job["prefix"]:
+            if found is not None:
+                asyncio.ensure_future(found.close())
+            found = self.logs[job["name"]] = JobLog(jobs.job_settings(self.settings, job),
+                                                    self.grace_s)
             for hook in self.on_new_log:
                 hook(found)
         return found
@@ -110,6 +116,9 @@ def middleware(registry: Jobs) -> Callable[..., Any]:
             return _refuse(403, f"the token is not job {named}'s")
         request["job"] = job
         request["log"] = registry.log_of(job)
-        return await handler(request)
+        try:
+            return await handler(request)
+        except Unavailable as exc:
+            return _refuse(503, str(exc))
 
     return authenticate

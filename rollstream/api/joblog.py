@@ -8,8 +8,8 @@ same task, which INIT expands once (rollstream.dedup), so a caller that retries 
 gets the first rollout's result, never a second rollout.
 
 A deadline (Polar's `timeout_seconds`) is in the task record; a result scored after it does
-not count, and the task is over once the deadline plus GRACE_S has passed: every process reads
-the same verdict from the same log.
+not count, and the task is over once the deadline plus a grace (GRACE_S: results scored in
+time may still be committing) has passed: every process reads the same verdict from the log.
 """
 
 from __future__ import annotations
@@ -42,6 +42,10 @@ CANCELLED, CALLED_BACK = "cancelled", "called-back"
 # Past a task's deadline, how long results scored before it may still be committed.
 GRACE_S = 30.0
 SUBSCRIBER_QUEUE = 256  # events a slow /events client may fall behind by (then the oldest go)
+
+class Unavailable(Exception):
+    """The job's topics cannot be read (missing, refused): its calls are answered 503."""
+
 
 class RequestError(ValueError):
     """A request that cannot become a task; the message names the field."""
@@ -109,8 +113,10 @@ class JobLog:
     """Follows one job's topics (a thread reads, the event loop applies) and sends the API's
     records to them (one transaction per batch of concurrent requests)."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, grace_s: float = GRACE_S) -> None:
         self.settings = settings
+        self.grace_s = grace_s
+        self.failed: str | None = None  # why the topics cannot be read
         self.tasks: dict[str, ApiTask] = {}
         self._early: dict[str, dict[int, ScoredTrajectory]] = {}  # results ahead of their task
         self._markers: dict[str, set[str]] = {}  # markers ahead of their task
@@ -147,9 +153,8 @@ class JobLog:
     def _read(self) -> None:
         try:
             follower = Follower(self.settings, self._partitions())
-        except Exception as exc:  # shown on /ready; requests for the job answer 503
-            self._ready.not_ready(str(exc))
-            log.error("%s: %s", self.settings.prefix, exc)
+        except Exception as exc:  # shown on /ready; the job's calls answer 503
+            self._loop.call_soon_threadsafe(self._fail, str(exc))
             return
         try:
             while not self._stop.is_set():
@@ -162,8 +167,20 @@ class JobLog:
                 at_end = follower.at_end
                 if decoded or at_end:
                     self._loop.call_soon_threadsafe(self._apply, decoded, at_end)
+        except Exception as exc:  # a reader that died is said so, not waited on
+            self._loop.call_soon_threadsafe(self._fail, str(exc))
         finally:
             follower.close()
+
+    def _fail(self, reason: str) -> None:
+        self.failed = f"the topics of {self.settings.prefix} cannot be read: {reason}"
+        self._ready.not_ready(self.failed)
+        log.error("%s", self.failed)
+        self._caught_up.set()  # waiters wake up to the failure
+        for waiters in self._waiters.values():
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
 
     def _decode(self, msg: Any) -> tuple[str, str, Any] | None:
         """(kind, key, value) of a record that is the API's, None for the others (undecoded)."""
@@ -245,7 +262,7 @@ class JobLog:
     async def _deadline_loop(self) -> None:
         while True:
             await asyncio.sleep(1.0)
-            late = now_ms() - int(GRACE_S * 1000)
+            late = now_ms() - int(self.grace_s * 1000)
             for entry in list(self.tasks.values()):
                 deadline = entry.deadline_ms
                 if not entry.finished and deadline is not None and deadline < late:
@@ -281,6 +298,8 @@ class JobLog:
     async def caught_up(self) -> None:
         """Wait until the topics were read to their end once (what the log held at start)."""
         await self._caught_up.wait()
+        if self.failed is not None:
+            raise Unavailable(self.failed)
 
     async def wait(self, tid: str, timeout_s: float) -> ApiTask | None:
         """The task once it changed (or `timeout_s` passed): None if it is not there."""
@@ -288,6 +307,8 @@ class JobLog:
         self._waiters.setdefault(tid, []).append(waiter)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(waiter, timeout_s)
+        if self.failed is not None:
+            raise Unavailable(self.failed)
         return self.tasks.get(tid)
 
     async def until_finished(self, tid: str, timeout_s: float) -> ApiTask | None:

@@ -63,10 +63,12 @@ class ApiServer:
 
     def __init__(self, settings: Settings, validate: Validator, *, host: str, port: int,
                  job: str | None, timeout_s: float, fixed_llm_servers: bool,
-                 callback_attempts: int, tls: ssl.SSLContext | None) -> None:
+                 callback_attempts: int, deadline_grace_s: float,
+                 tls: ssl.SSLContext | None) -> None:
         self.settings = settings
         self.validate = validate
         self.host, self.port, self.job, self.tls = host, port, job, tls
+        self.deadline_grace_s = deadline_grace_s
         self.prorl = ServingProrl(settings, validate, timeout_s=timeout_s,
                                   fixed_llm_servers=fixed_llm_servers)
         self.polar = ServingPolar(validate, callback_attempts=callback_attempts)
@@ -76,7 +78,7 @@ class ApiServer:
         self._stopped.set()
 
     async def serve(self) -> None:
-        registry = access.Jobs(self.settings, only=self.job)
+        registry = access.Jobs(self.settings, only=self.job, grace_s=self.deadline_grace_s)
         registry.on_new_log.append(self.polar.watch)
         runner = web.AppRunner(build_app(registry, self.prorl, self.polar))
         await runner.setup()

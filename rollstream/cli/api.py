@@ -38,6 +38,10 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--callback-attempts", type=int, default=12, metavar="N",
                         help="tries of a result callback, backing off 0.5 s to 60 s between "
                              "them, before polling is left to have it (default 12)")
+    parser.add_argument("--deadline-grace", type=float, default=30.0, metavar="S",
+                        help="a Polar task is over this long after its deadline "
+                             "(timeout_seconds), its unscored sessions TIMEOUT: results scored "
+                             "in time may still be committing (default 30)")
     parser.add_argument("--fixed-llm-servers", action="store_true",
                         help="/add_llm_server and /clear_llm_server change nothing (default: "
                              "they set the job's own inference servers, its policy_urls)")
@@ -51,9 +55,9 @@ def _run(args: argparse.Namespace) -> int:
 
     if bool(args.tls_cert) != bool(args.tls_key):
         raise SystemExit("rollstream api: --tls-cert and --tls-key go together")
-    if args.process_timeout <= 0 or args.callback_attempts < 1:
-        raise SystemExit("rollstream api: --process-timeout must be above 0 and "
-                         "--callback-attempts at least 1")
+    if args.process_timeout <= 0 or args.callback_attempts < 1 or args.deadline_grace < 0:
+        raise SystemExit("rollstream api: --process-timeout must be above 0, "
+                         "--callback-attempts at least 1, --deadline-grace 0 or more")
     tls = tls_context(args.tls_cert, args.tls_key) if args.tls_cert else None
     settings = common.start_service(args, parts=("api",))
     envs: set[str] = set()
@@ -61,5 +65,5 @@ def _run(args: argparse.Namespace) -> int:
         settings, lambda task: validate_task(task, envs, settings), host=args.host,
         port=args.api_port, job=args.job, timeout_s=args.process_timeout,
         fixed_llm_servers=args.fixed_llm_servers, callback_attempts=args.callback_attempts,
-        tls=tls)
+        deadline_grace_s=args.deadline_grace, tls=tls)
     return common.run_async(server.serve(), on_signal=server.stop)

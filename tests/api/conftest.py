@@ -4,6 +4,7 @@ on a busy machine): jobs alpha (its pipeline runs) and beta (tokens only), each 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import pytest
@@ -21,6 +22,19 @@ class ApiSetup:
     procs: ProcessGroup
     api: Api
     run_args: list[str]
+    run_name: str = "run"  # RUN's process now
+    restarts: int = 0
+
+    @contextmanager
+    def run_held_back(self) -> Iterator[None]:
+        """Nothing finishes inside: RUN is stopped, and started again after."""
+        self.procs.stop(self.run_name)
+        try:
+            yield
+        finally:
+            self.restarts += 1
+            self.run_name = f"run-{self.restarts}"
+            self.procs.start(self.run_name, "stage", "run", *self.run_args)
 
 
 @pytest.fixture(scope="package")
@@ -33,7 +47,7 @@ def setup(bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     alpha = cluster.job_settings("alpha")
     try:
         run_args = pipeline(procs, alpha)
-        api = Api(procs, cluster)
+        api = Api(procs, cluster, "--deadline-grace", "1")
         api.start()
         yield ApiSetup(cluster, alpha, procs, api, run_args)
     finally:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from rollstream.broker.secure import material
+from rollstream.service import jobs
 from tests.api.conftest import ApiSetup
 from tests.helpers.api_helpers import Api, wait_until
 from tests.helpers.seed_api_models import AgentSpec, EvaluatorSpec, TaskRequest
@@ -36,6 +37,16 @@ def test_another_jobs_token_is_refused(setup: ApiSetup) -> None:
     for token in (None, "rst_00000000_" + "x" * 43, "not-a-token"):
         status, body = api.call("GET", "/rollout/task/mine", token)
         assert status == 401 and "detail" in body
+
+
+def test_a_job_whose_topics_cannot_be_read_is_answered_503(setup: ApiSetup) -> None:
+    cluster = setup.cluster
+    jobs.put(cluster.settings, jobs.new_job("gamma", cluster.prefix))  # no topics made
+    token = cluster.token("gamma")
+    wait_until(lambda: setup.api.call("GET", "/rollout/task/x", token)[0] != 401,
+               "the token", setup.procs, 30)
+    status, body = setup.api.call("GET", "/rollout/task/x", token, timeout=60)
+    assert status == 503 and "do not exist" in body["detail"]
 
 
 def test_one_job_api_over_tls_rotation_revocation_and_no_token_in_output(

@@ -4,6 +4,8 @@ records; cancel; a request its model refuses."""
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 
 from rollstream.contracts.codec import unpack_ids, unpack_logprobs
@@ -12,6 +14,8 @@ from tests.helpers.api_helpers import EventReader, Receiver, scored, wait_until
 from tests.helpers.seed_api_models import (
     AgentSpec,
     EvaluatorSpec,
+    ProcessRequest,
+    ProcessResult,
     TaskRequest,
     TaskResult,
     TaskStatus,
@@ -20,13 +24,15 @@ from tests.helpers.seed_api_models import (
 SAMPLES = 4
 
 
-def task(task_id: str, callback_url: str | None = None, **extra: object) -> TaskRequest:
+def task(task_id: str, callback_url: str | None = None, timeout_seconds: float = 600
+         ) -> TaskRequest:
     return TaskRequest(
         task_id=task_id, instruction="3+4=", num_samples=SAMPLES, dispatch_priority=50,
-        timeout_seconds=600, callback_url=callback_url, metadata={"group_id": task_id},
+        timeout_seconds=timeout_seconds, callback_url=callback_url,
+        metadata={"group_id": task_id},
         agent=AgentSpec(harness="rollstream", model_name="policy",
                         settings={"step_limit": 1, "model_kwargs": {"max_tokens": 6}}),
-        evaluator=EvaluatorSpec(strategy="arithmetic", config={"answer": "7"}), **extra)
+        evaluator=EvaluatorSpec(strategy="arithmetic", config={"answer": "7"}))
 
 
 def test_submit_events_poll_and_callback(setup: ApiSetup) -> None:
@@ -112,3 +118,43 @@ def test_cancel_and_refusals(setup: ApiSetup) -> None:
     no_env["evaluator"] = None
     status, body = api.call("POST", "/rollout/task/submit", token, no_env)
     assert status == 422 and "evaluator.strategy" in body["detail"]
+
+
+def test_cancels_and_deadlines_of_unfinished_tasks(setup: ApiSetup) -> None:
+    """With nothing finishing: a /process call that /cancel ends answers 200 with its error (as
+    ProRL's does); a DELETE answers cancelled; past timeout_seconds (and the API's grace, 1 s
+    here) every session is a TIMEOUT and the task is completed, its late results not counted."""
+    api, token = setup.api, setup.cluster.tokens["alpha"]
+    request = ProcessRequest(job_id="to-cancel", sampling_params={},
+                             instance={"env": "arithmetic", "prompt": "1+1=",
+                                       "data": {"answer": "2"}})
+    with setup.run_held_back(), ThreadPoolExecutor(1) as pool:
+        held = pool.submit(api.call, "POST", "/process", token, request.model_dump())
+        wait_until(lambda: api.call("GET", "/status", token)[1]["jobs"] >= 1,
+                   "the /process task", setup.procs, 60)
+        assert api.call("POST", "/cancel", token, {"job_id": "to-cancel"})[0] == 200
+        status, body = held.result(60)
+        assert status == 200
+        result = ProcessResult.model_validate(body)
+        assert result.error == "job to-cancel cancelled" and not result.success
+
+        assert api.call("POST", "/rollout/task/submit", token, task("gone").model_dump())[0] == 200
+        status, body = api.call("DELETE", "/rollout/task/gone", token)
+        assert status == 200
+        gone = TaskStatus.model_validate(body)
+        assert gone.status == "cancelled" and gone.completed_sessions == 0
+        assert {s.status for s in gone.results} == {"ERROR"}
+
+        status, _ = api.call("POST", "/rollout/task/submit", token,
+                             task("deadline", timeout_seconds=1).model_dump())
+        assert status == 200
+        wait_until(lambda: api.call("GET", "/rollout/task/deadline", token)[1]["status"]
+                   == "completed", "the deadline", setup.procs, 60)
+    over = TaskStatus.model_validate(api.call("GET", "/rollout/task/deadline", token)[1])
+    assert over.completed_sessions == 0 and len(over.results) == SAMPLES
+    assert all(s.status == s.trajectory.status == "TIMEOUT" and not s.trajectory.traces
+               for s in over.results)
+    # RUN is back: the late episodes are scored, and still do not count.
+    wait_until(lambda: sum(1 for k in scored(setup.alpha) if k.startswith("polar:deadline#"))
+               == SAMPLES, "the late episodes", setup.procs)
+    assert TaskStatus.model_validate(api.call("GET", "/rollout/task/deadline", token)[1]) == over

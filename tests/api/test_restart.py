@@ -36,35 +36,12 @@ def prorl_request(i: int) -> ProcessRequest:
 
 def test_sigkilled_api_loses_and_repeats_nothing(setup: ApiSetup) -> None:
     api, token, procs = setup.api, setup.cluster.tokens["alpha"], setup.procs
-    procs.stop("run")  # nothing finishes while the API is down
     receiver = Receiver()
     pool = ThreadPoolExecutor(16)
     try:
-        submitted = list(pool.map(lambda i: api.call(
-            "POST", "/rollout/task/submit", token, polar_task(i, receiver.url).model_dump()),
-            range(POLAR)))
-        assert all(s == (200, {"task_id": f"k{i}", "status": "running"})
-                   for i, s in enumerate(submitted))
-        # /process calls held open when the process dies: their callers see the connection go.
-        held = [pool.submit(api.call, "POST", "/process", token, prorl_request(i).model_dump())
-                for i in range(PRORL)]
-
-        def accepted() -> int:
-            return sum(1 for m in records(setup.alpha, setup.alpha.topics.tasks)
-                       if m.key().decode().startswith(("polar:k", "prorl:r")))
-
-        wait_until(lambda: accepted() == POLAR + PRORL, "every task accepted", procs, 120)
-        api.kill()
-        for call in held:
-            try:
-                call.result(60)
-            except OSError:
-                continue  # the connection was cut
-            raise AssertionError("a /process call was answered by a killed process")
-        assert not [k for k in scored(setup.alpha) if k.startswith(("polar:k", "prorl:r"))]
-
-        api.start()
-        procs.start("run-again", "stage", "run", *setup.run_args)
+        with setup.run_held_back():  # nothing finishes until the API is back
+            submit_and_kill(setup, receiver, pool)
+            api.start()
 
         def all_completed() -> bool:
             return all(TaskStatus.model_validate(api.call("GET", f"/rollout/task/k{i}",
@@ -92,3 +69,30 @@ def test_sigkilled_api_loses_and_repeats_nothing(setup: ApiSetup) -> None:
     # Each callback's body is its task's result; a receiver keyed by result id sees each once.
     assert all(body["task_id"] == result_id and body["status"] == "completed"
                for result_id, body in receiver.calls)
+
+
+def submit_and_kill(setup: ApiSetup, receiver: Receiver, pool: ThreadPoolExecutor) -> None:
+    """64 tasks accepted (48 Polar submits, 16 /process calls held open), then SIGKILL."""
+    api, token, procs = setup.api, setup.cluster.tokens["alpha"], setup.procs
+    submitted = list(pool.map(lambda i: api.call(
+        "POST", "/rollout/task/submit", token, polar_task(i, receiver.url).model_dump()),
+        range(POLAR)))
+    assert all(s == (200, {"task_id": f"k{i}", "status": "running"})
+               for i, s in enumerate(submitted))
+    # /process calls held open when the process dies: their callers see the connection go.
+    held = [pool.submit(api.call, "POST", "/process", token, prorl_request(i).model_dump())
+            for i in range(PRORL)]
+
+    def accepted() -> int:
+        return sum(1 for m in records(setup.alpha, setup.alpha.topics.tasks)
+                   if m.key().decode().startswith(("polar:k", "prorl:r")))
+
+    wait_until(lambda: accepted() == POLAR + PRORL, "every task accepted", procs, 120)
+    api.kill()
+    for call in held:
+        try:
+            call.result(60)
+        except OSError:
+            continue  # the connection was cut
+        raise AssertionError("a /process call was answered by a killed process")
+    assert not [k for k in scored(setup.alpha) if k.startswith(("polar:k", "prorl:r"))]
