@@ -1,5 +1,6 @@
-"""One cluster, pipeline and API process for the package's tests (they take a minute to start
-on a busy machine): jobs alpha (its pipeline runs) and beta (tokens only), each with a token."""
+"""One cluster, pipeline and API process for tests/api (they take a minute to start on a busy
+machine; the tests are in one file because the suite's workers take whole files): jobs alpha
+(its pipeline runs) and beta (tokens only), each with a token."""
 
 from __future__ import annotations
 
