@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import threading
 import time
@@ -387,9 +386,3 @@ def session_status(scored: ScoredTrajectory) -> str:
     """Polar's session status of an episode: ERROR when the infrastructure or the environment
     failed, else COMPLETED (an agent's bad answer is a completed session with its reward)."""
     return "ERROR" if scored["failure_class"] in ("infra", "env") else "COMPLETED"
-
-
-def metadata_json(entry: ApiTask, key: str) -> Any:
-    raw = entry.meta.get(key)
-    return json.loads(raw) if raw else None
-

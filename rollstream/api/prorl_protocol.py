@@ -107,10 +107,18 @@ def _outcome(scored: ScoredTrajectory) -> dict[str, Any]:
         "resolved": scored["reward"] is not None and scored["reward"] >= 1.0,
         "reward": scored["reward"],
         "failure_class": failure,
-        "report": json.loads(scored["verifier"] or "null"),
+        "report": _report(scored["verifier"]),
         "critical_error": critical,
         "filter": critical is not None or not success,
     }
+
+
+def _report(verifier: str) -> Any:
+    """The verifier's record (JSON from the environments Rollstream ships; else its text)."""
+    try:
+        return json.loads(verifier) if verifier else None
+    except json.JSONDecodeError:
+        return verifier
 
 
 def _timing(created_ms: int, scored: ScoredTrajectory) -> dict[str, Any]:

@@ -66,7 +66,6 @@ class ApiServer:
                  callback_attempts: int, deadline_grace_s: float,
                  tls: ssl.SSLContext | None) -> None:
         self.settings = settings
-        self.validate = validate
         self.host, self.port, self.job, self.tls = host, port, job, tls
         self.deadline_grace_s = deadline_grace_s
         self.prorl = ServingProrl(settings, validate, timeout_s=timeout_s,

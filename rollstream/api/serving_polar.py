@@ -98,10 +98,8 @@ class ServingPolar:
             return web.json_response({"task_id": caller_id, "status": "cancelled",
                                       "total_sessions": 0, "completed_sessions": 0,
                                       "results": [], "result_paths": []})
-        if not entry.finished:
+        if not entry.finished:  # once read back it is cancelled, or it was done first
             await log.mark(tid, CANCELLED)
-            while not entry.finished:  # answered as the log has it: cancelled, or done first
-                await log.wait(tid, 5.0)
         return web.json_response(protocol.task_status(entry))
 
     async def events(self, request: web.Request) -> web.StreamResponse:
