@@ -8,6 +8,7 @@ import sys
 
 from rollstream.cli import (
     acl,
+    api,
     bridge,
     broker,
     controller,
@@ -57,6 +58,7 @@ FEATURE_MODULES = [
     dlq,
     stats,
     plan,
+    api,
 ]
 
 

@@ -1,5 +1,6 @@
-"""`rollstream jobs create|apply|list|show|pause|resume|cancel|delete`: the training jobs a
-shared fleet serves, as records on the cluster's compacted jobs topic (rollstream.service.jobs)."""
+"""`rollstream jobs create|apply|list|show|pause|resume|cancel|delete|usage|token`: the training
+jobs a shared fleet serves, as records on the cluster's compacted jobs topic
+(rollstream.service.jobs)."""
 
 from __future__ import annotations
 
@@ -131,6 +132,7 @@ def _apply(args: argparse.Namespace) -> int:
                                 "cannot change (delete it and create a new one)")
         job["created_at_ms"] = old["created_at_ms"]
         job["state"] = old["state"]
+        job["api_tokens"] = old["api_tokens"]  # managed by `jobs token` only
     if state is not None:
         job["state"] = state
     jobs.validate(job, settings.prefix)
@@ -159,7 +161,36 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _show(args: argparse.Namespace) -> int:
-    print(json.dumps(jobs.get(_settings(args), args.job), indent=2))
+    job = jobs.get(_settings(args), args.job)
+    print(json.dumps({**job, "api_tokens": jobs.token_ids(job)}, indent=2))
+    return 0
+
+
+def _token(args: argparse.Namespace) -> int:
+    """Create, rotate, list or revoke the job's HTTP API tokens (rollstream.api). A new token
+    is printed once, alone on stdout (for `$(...)`); only its hash is stored."""
+    settings = _settings(args)
+    job = jobs.get(settings, args.job)
+    entries = list(job["api_tokens"])
+    ids = jobs.token_ids(job)
+    if args.token_command == "list":
+        print("\n".join(ids) if ids else f"job {args.job} has no API tokens")
+        return 0
+    if args.token_command == "revoke":
+        if args.id not in ids:
+            raise jobs.JobError(f"job {args.job!r} has no API token {args.id!r}; its tokens: "
+                                f"{ids or 'none'}")
+        entries = [e for e in entries if not e.startswith(f"{args.id}:")]
+    token = ""
+    if args.token_command in ("create", "rotate"):
+        token, entry = jobs.new_token()
+        # rotate: the new token replaces every old one in the same record (no gap, no overlap)
+        entries = [*(entries if args.token_command == "create" else []), entry]
+    jobs.put(settings, {**job, "api_tokens": entries, "updated_at_ms": jobs.now_ms()})  # type: ignore[typeddict-item]
+    if token:
+        print(token)
+    else:
+        print(f"job {args.job}: API token {args.id} revoked")
     return 0
 
 
@@ -271,6 +302,24 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
                            help="from then on: a time ago (90m, 6h, 2d) or an ISO date/time, "
                                 "UTC unless it says (default: everything)")
     usage_cmd.add_argument("--json", action="store_true", help="print the rows as JSON")
+    token = commands.add_parser(
+        "token", help="the job's HTTP API bearer tokens (`rollstream api`)",
+        description="A job's callers authenticate to `rollstream api` with a bearer token of the "
+                    "job, which reaches that job's tasks, results and events only. The job's "
+                    "record stores each token's id and SHA-256, never the token: `create` and "
+                    "`rotate` print the new token once, alone on stdout; keep it then. See "
+                    "docs/api.md#tokens.")
+    token_commands = token.add_subparsers(dest="token_command", metavar="ACTION", required=True)
+    for name, text in (("create", "add a token and print it (the job's other tokens stay)"),
+                       ("rotate", "replace every token of the job by a new one, printed"),
+                       ("list", "the ids of the job's tokens"),
+                       ("revoke", "remove one token, by its id (`list` shows them)")):
+        p = token_commands.add_parser(name, help=text, description=text[0].upper() + text[1:])
+        p.add_argument("job", metavar="NAME", help="the job's name")
+        if name == "revoke":
+            p.add_argument("id", metavar="ID", help="the token's id")
+        config.add_arguments(p, "kafka", "command")
+        p.set_defaults(func=_checked(_token))
     command("delete", _delete, "delete a paused, cancelled or finished job's record",
             "Write the job's tombstone; its topics and their data are kept (delete them with "
             "your cluster's tools once no trainer needs them).")

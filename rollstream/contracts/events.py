@@ -133,5 +133,6 @@ class Job(TypedDict):
     max_staleness: int
     state: JobState
     group: str | None
+    api_tokens: list[str]
     created_at_ms: int
     updated_at_ms: int

@@ -9,8 +9,11 @@ record is skipped with a warning, as on <p>.policy (rollstream.policy_versions).
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import logging
 import re
+import secrets
 import time
 from collections.abc import Iterable
 from dataclasses import replace
@@ -66,7 +69,7 @@ def new_job(name: str, cluster_prefix: str, **fields: Any) -> Job:
         "adapter": "", "policy_urls": [], "weight": 1.0, "priority": 0, "quota_episodes": 0,
         "quota_sandboxes": 0, "quota_tasks_queued": 0, "quota_turns_per_s": 0.0,
         "admission_window": 0, "max_staleness": 0, "state": "RUNNING", "group": None,
-        "created_at_ms": stamp, "updated_at_ms": stamp,
+        "api_tokens": [], "created_at_ms": stamp, "updated_at_ms": stamp,
     }
     job.update(fields)  # type: ignore[typeddict-item]
     return validate(job, cluster_prefix)
@@ -105,9 +108,49 @@ def validate(job: Job, cluster_prefix: str) -> Job:
         raise JobError(f"job state {job['state']!r}: one of {list(STATES)}")
     if job["group"] is not None and not NAME.fullmatch(job["group"]):
         raise JobError(f"job group {job['group']!r}: use letters, digits, '.', '_' or '-'")
+    bad = [e.partition(":")[0] for e in job["api_tokens"] if not TOKEN_ENTRY.fullmatch(e)]
+    if bad:
+        raise JobError(f"job api_tokens: entries {bad} are not <id>:<sha256 hex>")
     job["weight"] = float(job["weight"])
     job["quota_turns_per_s"] = float(job["quota_turns_per_s"])
     return job
+
+
+# -- HTTP API tokens (rollstream.api) -----------------------------------------------------------
+# A token is `rst_<id>_<secret>`; the job keeps `<id>:<sha256 of the token>` only, so a leaked
+# jobs topic gives no token, and the id names a token to revoke without showing it.
+TOKEN_ENTRY = re.compile(r"[0-9a-f]{8}:[0-9a-f]{64}")
+TOKEN = re.compile(r"rst_([0-9a-f]{8})_[A-Za-z0-9_-]{43}")
+
+
+def token_hash(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def new_token() -> tuple[str, str]:
+    """A fresh token and the entry the job stores for it (`<id>:<hash>`)."""
+    ident = secrets.token_hex(4)
+    token = f"rst_{ident}_{secrets.token_urlsafe(32)}"
+    return token, f"{ident}:{token_hash(token)}"
+
+
+def token_ids(job: Job) -> list[str]:
+    return [entry.partition(":")[0] for entry in job["api_tokens"]]
+
+
+def token_is_of(job: Job, token: str) -> bool:
+    """Whether `token` is one of `job`'s (compared in constant time)."""
+    found = TOKEN.fullmatch(token)
+    if found is None:
+        return False
+    digest = token_hash(token)
+    return any(hmac.compare_digest(entry, f"{found.group(1)}:{digest}")
+               for entry in job["api_tokens"])
+
+
+def job_of_token(jobs: Iterable[Job], token: str) -> Job | None:
+    """The job that holds `token`, if any."""
+    return next((job for job in jobs if token_is_of(job, token)), None)
 
 
 def job_settings(base: Settings, job: Job) -> Settings:

@@ -532,3 +532,27 @@ def pipeline_status(snapshot: dict[str, Any]) -> None:
     DLQ_EVENTS.set(snapshot["dlq"]["count"])
     if snapshot["policy"] is not None:
         LATEST_POLICY.set(snapshot["policy"]["version"])
+
+
+# -- the HTTP API (`rollstream api`) -------------------------------------------------------------
+
+API_REQUESTS = Counter("rollstream_api_requests_total",
+                       "HTTP API requests, by route and status code", ["route", "code"])
+API_TASKS = Counter("rollstream_api_tasks_total",
+                    "Tasks submitted through the HTTP API (a resubmitted id counts again; INIT "
+                    "rolls it out once)", ["dialect"])
+API_CALLBACKS = Counter("rollstream_api_callbacks_total",
+                        "Result callbacks POSTed, by outcome (delivered, failed: retried)",
+                        ["outcome"])
+
+
+def api_request(route: str, code: int) -> None:
+    API_REQUESTS.labels(route, str(code)).inc()
+
+
+def api_task(dialect: str) -> None:
+    API_TASKS.labels(dialect).inc()
+
+
+def api_callback(delivered: bool) -> None:
+    API_CALLBACKS.labels("delivered" if delivered else "failed").inc()
