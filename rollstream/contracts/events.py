@@ -16,6 +16,7 @@ TASK = "Task"
 EPISODE = "Episode"
 TURN = "Turn"
 TRAJECTORY = "Trajectory"
+TURN_CHECKPOINT = "TurnCheckpoint"
 SCORED_TRAJECTORY = "ScoredTrajectory"
 POLICY_VERSION = "PolicyVersion"
 DEAD_LETTER = "DeadLetter"
@@ -84,6 +85,14 @@ class Trajectory(TypedDict):
     env_state: str
     started_at_ms: int
     finished_at_ms: int
+
+
+class TurnCheckpoint(TypedDict):
+    episode_id: str
+    turn: Turn
+    env_state: str
+    previous_observation: str | None
+    started_at_ms: int
 
 
 class ScoredTrajectory(TypedDict):

@@ -81,21 +81,28 @@ GRAPH: tuple[Topic, ...] = (
         config=_config(retention_ms=7 * DAY_MS, compression="lz4", max_bytes=4 * MIB),
     ),
     Topic(
-        "episode_state", "episode-state", events.TRAJECTORY, "episode id",
-        "per-turn checkpoints of running episodes, keyed by episode id; compacted to the latest "
-        "(RUN's resume state; co-partitioned with episodes; a tombstone ends an episode)",
+        "episode_state", "episode-state", events.TURN_CHECKPOINT, "`<episode id>/<turn index>`",
+        "per-turn checkpoints of running episodes, one record per turn keyed by "
+        "<episode id>/<turn index>; compacted, and every turn key tombstoned when its episode "
+        "ends (RUN's resume state; co-partitioned with episodes)",
         writers=(RUN,), followers=(RUN,),
+        # A turn per record, not the trajectory so far: a turn's checkpoint costs that turn.
+        # Compaction keeps one record per key, so each turn has its own key and a finished
+        # episode deletes them all; a delete-retention topic would instead keep finished
+        # episodes' turns for the whole retention and drop a live episode older than it.
         config=_config(
             retention_ms=7 * DAY_MS,
             compression="zstd",
-            max_bytes=MAX_MESSAGE_BYTES,  # holds the token ids of every turn so far
+            max_bytes=MAX_MESSAGE_BYTES,  # a new_sample turn holds the whole re-rendered context
             **{
                 "cleanup.policy": "compact",
                 # Compaction works only on closed segments: roll hourly so old turns go away.
                 "segment.ms": str(3600 * 1000),
                 "min.cleanable.dirty.ratio": "0.1",
-                # How long a tombstone (a finished episode's delete) stays readable.
-                "delete.retention.ms": str(DAY_MS),
+                # How long a tombstone (a finished episode's turn) stays readable: a restore
+                # reads a partition to its end in seconds to minutes, and every finished turn
+                # leaves one, so an hour, not a day, of them is what a restore reads through.
+                "delete.retention.ms": str(3600 * 1000),
             },
         ),
     ),
