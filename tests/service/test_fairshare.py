@@ -118,3 +118,42 @@ def test_a_plan_is_drawn_down_by_what_a_job_took_and_freed_slots_wait_for_the_ne
     assert plan.allowance("a", 4) == 0  # a asks again: the next plan, from the counts now,
     assert plan.allowance("b", 3) == 1  # hands it to b, whose load is the lowest
     assert plan.made == 2  # one per round
+
+
+def test_ties_go_to_the_least_served_job_not_the_first_name() -> None:
+    """10 slots at weights 1:2:1: a and c tie for the tenth. Ties broken by name gave a 3 slots
+    and c 2 for good (30/50/20); by service received the tenth alternates and the shares
+    average out to the weights'."""
+    weights = {"a": 1.0, "b": 2.0, "c": 1.0}
+    in_flight = dict.fromkeys(weights, 0)
+    plan = Plan(lambda: 10, lambda: {j: Demand(w, in_flight[j], True)
+                                     for j, w in weights.items()})
+    rng = random.Random(11)
+    held = dict.fromkeys(weights, 0)
+    rounds = 4000
+    for _ in range(rounds):
+        for job in weights:  # the loop's fixed order: a always asks first
+            in_flight[job] -= sum(rng.random() < 0.1 for _ in range(in_flight[job]))
+            in_flight[job] += plan.allowance(job, in_flight[job])
+        for job in weights:
+            held[job] += in_flight[job]
+    shares = {j: n / sum(held.values()) for j, n in held.items()}
+    assert abs(shares["a"] - 0.25) <= 0.02 and abs(shares["c"] - 0.25) <= 0.02, shares
+    assert abs(shares["b"] - 0.5) <= 0.02, shares
+    # Within one water-filling too: the less served of two tied jobs takes the odd slot.
+    tied = {"a": Demand(1, 0, True), "c": Demand(1, 0, True)}
+    assert allowances(3, tied, served={"a": 5, "c": 4}) == {"a": 1, "c": 2}
+    assert allowances(3, tied, served={"a": 4, "c": 5}) == {"a": 2, "c": 1}
+
+
+def test_a_job_new_to_the_plan_starts_at_the_others_service_not_at_zero() -> None:
+    in_flight = {"a": 0}
+    plan = Plan(lambda: 4, lambda: {j: Demand(1, n, True) for j, n in in_flight.items()})
+    for _ in range(3):  # a runs alone for a while: 4 episodes started, ended, started again
+        in_flight["a"] = plan.allowance("a", 0)
+        plan.allowance("a", in_flight["a"])  # the next plan sees them started
+        in_flight["a"] = 0
+    assert plan.served["a"] == 12
+    in_flight["new"] = 0
+    plan.allowance("a", 0)
+    assert plan.served["new"] == plan.served["a"] == 12
