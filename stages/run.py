@@ -80,6 +80,7 @@ class Saved:
     # By turn index: the turn and the environment's state after it.
     turns: dict[int, tuple[dict, str]] = field(default_factory=dict)
     started_at_ms: int = 0
+    keys: int = 0  # turn keys written, replaced ones too: each gets a tombstone at the end
     # A whole-trajectory checkpoint keyed by the episode id, as releases before per-turn
     # checkpoints wrote them: its key gets a tombstone too when the episode ends.
     legacy: bool = False
@@ -92,6 +93,7 @@ class Saved:
         for later in [i for i in self.turns if i >= index]:
             del self.turns[later]
         self.turns[index] = (turn, checkpoint["env_state"])
+        self.keys = max(self.keys, index + 1)
         if checkpoint["previous_observation"] is not None and index - 1 in self.turns:
             self.turns[index - 1][0]["observation"] = checkpoint["previous_observation"]
         self.started_at_ms = checkpoint["started_at_ms"]
@@ -312,7 +314,7 @@ class RunStage(Stage):
             self.router.release(episode_id)
         trajectory["finished_at_ms"] = now_ms()
         # Done: drop its checkpoints, also those of turns a restarted harness did not redo.
-        written = max(saved.turns, default=-1) + 1 if saved is not None else 0
+        written = saved.keys if saved is not None else 0
         self.drop_checkpoints(ctx, episode_id, max(written, len(trajectory["turns"])),
                               saved is not None and saved.legacy)
         return [Output(self.topics.trajectories, episode_id, TRAJECTORY, trajectory)]

@@ -171,6 +171,7 @@ def test_an_episode_is_rebuilt_from_its_turns_in_the_order_written() -> None:
     assert saved[1] == {}
     turns, state = saved[0]["e#0"].played()
     assert [t["index"] for t in turns] == [0, 1, 2]  # turn 3 went with the turn 2 it followed
+    assert saved[0]["e#0"].keys == 4  # but its key was written: it gets a tombstone at the end
     assert [t["observation"] for t in turns] == ["late", "again", None]
     assert (state, saved[0]["e#0"].started_at_ms) == ('{"at": 2}', 7)
 
