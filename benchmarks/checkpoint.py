@@ -10,9 +10,11 @@ logprobs those of a confident sampler (mostly near 0), and the text is this repo
 source and docs (what a coding agent reads and writes), about 4 characters a token.
 
 1. **Bytes per turn.** Each turn's checkpoint, encoded with the real codec (a TurnCheckpoint, its
-   key, and the tombstone its key gets when the episode ends: each record counted with Kafka's
-   per-record overhead, `RECORD_OVERHEAD`), against what the turn adds to the Trajectory on
-   <p>.trajectories, and against the earlier layout's checkpoint (the whole trajectory so far).
+   key, and the tombstone its key gets when the episode ends), each record counted as Kafka
+   stores it uncompressed: its framing in a v2 batch (`RECORD_FRAMING`), key, value and headers
+   (the codec's record and fingerprint headers; a tombstone has none); against what the turn
+   adds to the Trajectory on <p>.trajectories, and against the earlier layout's checkpoint (the
+   whole trajectory so far, framed the same way).
 2. **Codec.** lz4 and zstd, at librdkafka's default levels (lz4 frame at its fast level, zstd
    level 3), over batches as the producer makes them: the checkpoints of `BATCH` different
    episodes' turns, and trajectories. Compressed bytes and the CPU to compress and decompress,
@@ -44,7 +46,9 @@ VOCAB = 150_000
 CHARS_PER_TOKEN = 4
 BATCH = 16  # records per producer batch (a linger window's turns of different episodes)
 REPS = 30
-RECORD_OVERHEAD = 70  # a Kafka record's framing within a batch plus its two codec headers
+# A v2 record's varints (length, attributes, timestamp and offset deltas, key and value lengths,
+# header count): about 12 bytes; each header adds its name and value and two length varints.
+RECORD_FRAMING = 12
 TARGET_RATIO = 1.5
 REPO = Path(__file__).resolve().parents[1]
 
@@ -102,19 +106,27 @@ def turn_checkpoint(trajectory: dict, index: int) -> bytes:
         "started_at_ms": trajectory["started_at_ms"]})
 
 
+def record_bytes(key: str, value: bytes | None) -> int:
+    """The bytes one record takes in a Kafka batch before compression."""
+    headers = codec().headers_for(value) or []
+    return (RECORD_FRAMING + len(key) + len(value or b"")
+            + sum(len(k) + len(v) + 2 for k, v in headers))
+
+
 def bytes_per_turn(trajectory: dict) -> list[dict]:
     """Per turn: what its checkpoint writes now, what the earlier whole-trajectory checkpoint
     wrote, and what the turn adds to the trajectory, in bytes with record overhead."""
     c = codec()
-    so_far = [len(c.encode("Trajectory", {**trajectory, "turns": trajectory["turns"][:n]}))
-              for n in range(TURNS + 1)]
+    episode_id = trajectory["episode_id"]
+    encoded = [c.encode("Trajectory", {**trajectory, "turns": trajectory["turns"][:n]})
+               for n in range(TURNS + 1)]
+    so_far = [len(e) for e in encoded]
     rows = []
     for i in range(TURNS):
-        key = f"{trajectory['episode_id']}/{i}"
+        key = f"{episode_id}/{i}"
         # The record, and the tombstone its key gets at the episode's end.
-        now = (len(turn_checkpoint(trajectory, i)) + len(key) + RECORD_OVERHEAD
-               + len(key) + RECORD_OVERHEAD)
-        before = so_far[i + 1] + len(trajectory["episode_id"]) + RECORD_OVERHEAD
+        now = record_bytes(key, turn_checkpoint(trajectory, i)) + record_bytes(key, None)
+        before = record_bytes(episode_id, encoded[i + 1])
         rows.append({"turn": i + 1, "checkpoint_bytes": now, "whole_trajectory_bytes": before,
                      "turn_adds_bytes": so_far[i + 1] - so_far[i]})
     return rows
@@ -184,7 +196,7 @@ def run(quick: bool = False) -> dict:
         "workload": {"turns": TURNS, "first_prompt_tokens": FIRST_PROMPT,
                      "completion_tokens": COMPLETION, "observation_tokens": OBSERVATION,
                      "context_tokens_at_end": FIRST_PROMPT + TURNS * (COMPLETION + OBSERVATION),
-                     "record_overhead_bytes": RECORD_OVERHEAD, "batch_records": BATCH,
+                     "record_framing_bytes": RECORD_FRAMING, "batch_records": BATCH,
                      "reps": reps, "quick": quick},
         "per_turn": rows,
         "at_turn_50": {"checkpoint_bytes": last["checkpoint_bytes"],

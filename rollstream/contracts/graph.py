@@ -25,8 +25,8 @@ DAY_MS = 24 * 3600 * 1000
 # The one compression codec of every topic and of the producer (rollstream.cluster.kafka): a
 # topic whose codec differs from the batch's makes the broker decompress and recompress every
 # batch. zstd, measured (make bench, checkpoint.json) on 50-turn episodes' turn checkpoints and
-# trajectories: 0.56 and 0.51 of the raw bytes against lz4's 0.71 and 0.67, for 2-3 ms more CPU
-# to compress a MiB (5.0-5.8 against 2.7-2.9; about 15 us more per 6 KB turn): the bytes are
+# trajectories: 0.56 and 0.51 of the raw bytes against lz4's 0.71 and 0.67, for about 2 ms more
+# CPU to compress a MiB (4.9-5.0 against 2.7; about 13 us more per 6 KB turn): the bytes are
 # paid again on every replica, every reader and the disk.
 COMPRESSION = "zstd"
 
