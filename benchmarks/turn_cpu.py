@@ -117,11 +117,12 @@ async def play_round(stages: list[RunStage], work: list[dict]) -> dict[str, Any]
     cpu, started = time.process_time(), time.perf_counter()
     outputs = await asyncio.gather(*(
         stages[i % jobs].handle(e, EventContext(0, i, emit)) for i, e in enumerate(work)))
-    for [trajectory] in outputs:
-        emit(trajectory)
+    for episode_outputs in outputs:  # the checkpoints' tombstones, then the trajectory
+        for output in episode_outputs:
+            emit(output)
     cpu, elapsed = time.process_time() - cpu, time.perf_counter() - started
     turns = 0
-    for i, [output] in enumerate(outputs):
+    for i, [*_, output] in enumerate(outputs):
         assert isinstance(output.value, dict)
         named = {t["adapter"] for t in output.value["turns"]}
         assert named == {lora_name(1, job(i % jobs))}, named  # never another job's adapter

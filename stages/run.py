@@ -251,16 +251,13 @@ class RunStage(Stage):
                             "started_at_ms": trajectory["started_at_ms"],
                         }, partition=ctx.partition))
 
-    def drop_checkpoints(self, ctx: EventContext, episode_id: str, turns: int,
-                         legacy: bool) -> None:
-        """The episode is done: a tombstone for each of its `turns` turn keys (and for a
-        legacy whole-trajectory checkpoint's key)."""
-        for index in range(turns):
-            ctx.emit(Output(self.topics.episode_state, f"{episode_id}/{index}", None, None,
-                            partition=ctx.partition))
-        if legacy:
-            ctx.emit(Output(self.topics.episode_state, episode_id, None, None,
-                            partition=ctx.partition))
+    def tombstones(self, partition: int, episode_id: str, turns: int,
+                   legacy: bool) -> list[Output]:
+        """The episode is done: a tombstone for each of its `turns` turn keys (and for a legacy
+        whole-trajectory checkpoint's key)."""
+        keys = [f"{episode_id}/{index}" for index in range(turns)]
+        return [Output(self.topics.episode_state, key, None, None, partition=partition)
+                for key in keys + ([episode_id] if legacy else [])]
 
     # -- the episode -------------------------------------------------------------------------
 
@@ -313,11 +310,13 @@ class RunStage(Stage):
         finally:
             self.router.release(episode_id)
         trajectory["finished_at_ms"] = now_ms()
-        # Done: drop its checkpoints, also those of turns a restarted harness did not redo.
+        # Done: its checkpoints are dropped (also those of turns a restarted harness did not
+        # redo) in the transaction that writes the trajectory and passes the episode.
         written = saved.keys if saved is not None else 0
-        self.drop_checkpoints(ctx, episode_id, max(written, len(trajectory["turns"])),
-                              saved is not None and saved.legacy)
-        return [Output(self.topics.trajectories, episode_id, TRAJECTORY, trajectory)]
+        return [*self.tombstones(ctx.partition, episode_id,
+                                 max(written, len(trajectory["turns"])),
+                                 saved is not None and saved.legacy),
+                Output(self.topics.trajectories, episode_id, TRAJECTORY, trajectory)]
 
     async def _play(self, env: Environment, trajectory: dict, ctx: EventContext) -> None:
         """An environment that steps: RUN renders the conversation, samples, and hands each
