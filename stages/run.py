@@ -271,36 +271,28 @@ class RunStage(Stage):
             raise InvalidEvent(str(exc)) from exc
         saved = self.checkpoints.get(ctx.partition, {}).pop(episode_id, None)
         turns, env_state = saved.played() if saved is not None else ([], "{}")
-        trajectory = None if not turns else {
-            "episode_id": episode_id,
-            "task": task,
-            "sample_index": episode["sample_index"],
-            "turns": turns,
-            "termination": "RUNNING",
-            "termination_detail": "",
-            "env_state": env_state,
-            "started_at_ms": saved.started_at_ms,
-            "finished_at_ms": 0,
-        }
+        started = saved.started_at_ms if saved is not None and turns else None
         assert self.router is not None
         # Take a server before the first await, so capacity() counts this episode at once; a
         # resumed episode goes back to its server while that one is usable.
         self.router.pin(episode_id, prefer=turns[-1]["server"] if turns else None)
         try:
-            if trajectory is None:
-                trajectory = {
-                    "episode_id": episode_id,
-                    "task": task,
-                    "sample_index": episode["sample_index"],
-                    "turns": [],
-                    "termination": "RUNNING",
-                    "termination_detail": "",
-                    "env_state": json.dumps(await env.reset(task)),
-                    "started_at_ms": now_ms(),
-                    "finished_at_ms": 0,
-                }
+            if started is None:
+                env_state, started = json.dumps(await env.reset(task)), now_ms()
             else:
                 log.info("resuming %s at turn %d", episode_id, len(turns))
+            # A resumed episode's task is its episode event's: checkpoints hold turns only.
+            trajectory = {
+                "episode_id": episode_id,
+                "task": task,
+                "sample_index": episode["sample_index"],
+                "turns": turns,
+                "termination": "RUNNING",
+                "termination_detail": "",
+                "env_state": env_state,
+                "started_at_ms": started,
+                "finished_at_ms": 0,
+            }
             try:
                 await self.players[env.kind](env, trajectory, ctx)
             finally:
