@@ -76,10 +76,12 @@ class Plan:
     """The allowances of one round of asks, shared by every job.
 
     A plan is made at the first ask and kept until a job asks a second time (the next pass of
-    the loop), or a job not in it asks. Within it a job may start what it was allotted less
-    what it started since (its in-flight count above the plan's): each job's in-flight count
-    stays within the plan's plus its allotment, so the fleet's stays within the slots, however
-    the asks and episodes interleave. Slots freed meanwhile are handed out by the next plan.
+    the loop), a job not in it asks, or a job the plan gives nothing more asks with fewer
+    episodes in flight than the plan counted (one of them ended): the slot it freed is then
+    handed out at once, by weight, instead of a pass later by the next plan. Within a plan a
+    job may start what it was allotted less what it started since (its in-flight count above
+    the plan's): each job's in-flight count stays within the plan's plus its allotment, so the
+    fleet's stays within the slots, however the asks and episodes interleave.
 
     The plan keeps each job's service, the episodes it started (its in-flight count's rise over
     a plan, within its allotment), for the ties; a job new to it starts at the least service
@@ -99,9 +101,14 @@ class Plan:
 
     def allowance(self, job: str, in_flight: int) -> int:
         """How many more episodes `job`, with `in_flight` episodes now, may start now."""
-        if job in self._asked or job not in self._base:
+        if (job in self._asked or job not in self._base
+                or (in_flight < self._base[job].in_flight and not self._left(job, in_flight))):
             self._make()
         self._asked.add(job)
+        return self._left(job, in_flight)
+
+    def _left(self, job: str, in_flight: int) -> int:
+        """What the plan lets `job` start yet: its allotment less what it started since."""
         base = self._base.get(job)
         if base is None:
             return 0
