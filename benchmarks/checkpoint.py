@@ -20,6 +20,12 @@ source and docs (what a coding agent reads and writes), about 4 characters a tok
    episodes' turns, and trajectories. Compressed bytes and the CPU to compress and decompress,
    interleaved rep by rep, median of `REPS`. The producer and every topic then use the winner, so
    brokers store batches as written instead of recompressing them.
+3. **Restore** (the only part that needs a broker: the bundled one, started if it is not
+   running). `RESTORE_EPISODES` episodes cut off after `RESTORE_TURNS` turns, as a SIGKILLed RUN
+   leaves them, checkpointed both ways on a fresh one-partition <p>.episode-state each: a
+   TurnCheckpoint per turn, and the earlier release's whole trajectory after every turn (which
+   RUN still reads). The time for RunStage to read each back and rebuild the episodes, and the
+   bytes it read, before compaction (within the topic's hour-long segments, the usual case).
 
 Target: the checkpoint of turn 50 writes at most 1.5x the bytes that turn adds to the trajectory.
 """
@@ -29,13 +35,20 @@ from __future__ import annotations
 import json
 import sys
 import time
+import uuid
+from dataclasses import replace
 from pathlib import Path
 
 import cramjam
 import numpy as np
 
 from benchmarks import print_table, write_result
+from rollstream.broker import local
+from rollstream.cluster import kafka
+from rollstream.cluster.topics import create_topics, delete_topics
+from rollstream.config import load
 from rollstream.contracts.codec import codec, pack_ids, pack_logprobs
+from stages.run import RunStage
 
 NAME = "checkpoint"
 TURNS = 50
@@ -51,6 +64,8 @@ REPS = 30
 RECORD_FRAMING = 12
 TARGET_RATIO = 1.5
 REPO = Path(__file__).resolve().parents[1]
+RESTORE_EPISODES = 100
+RESTORE_TURNS = 20
 
 
 class Corpus:
@@ -167,6 +182,43 @@ def codecs(batches: dict[str, list[bytes]], reps: int) -> dict[str, dict]:
     return out
 
 
+def restore(episodes: list[dict], turns: int) -> dict[str, dict]:
+    """Both checkpoint layouts of `episodes` cut off after `turns` turns, read back by RUN."""
+    settings = load(bootstrap_servers=local.resolve_bootstrap(), partitions=1,
+                    prefix=f"ckpt{uuid.uuid4().hex[:8]}")
+    c = codec()
+    layouts = {
+        "per_turn": lambda t, i: (f"{t['episode_id']}/{i}", turn_checkpoint(t, i)),
+        "whole_trajectory": lambda t, i: (t["episode_id"], c.encode("Trajectory", {
+            **t, "turns": t["turns"][:i + 1], "termination": "RUNNING"})),
+    }
+    out: dict[str, dict] = {}
+    for name, record in layouts.items():
+        prefix = f"{settings.prefix}{name[0]}"
+        own = replace(settings, prefix=prefix)
+        create_topics(own.bootstrap_servers, prefix, partitions=1)
+        try:
+            producer = kafka.producer(own)
+            written = 0
+            for i in range(turns):  # turn by turn, the episodes interleaved as RUN writes them
+                for t in episodes:
+                    key, value = record(t, i)
+                    written += len(value)
+                    kafka.produce(producer, own.topics.episode_state, value, key=key, partition=0)
+            producer.flush(120)
+            stage = RunStage(own)
+            cpu, started = time.process_time(), time.perf_counter()
+            saved = stage._read_checkpoints([0])[0]
+            elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
+            assert sorted(saved) == sorted(t["episode_id"] for t in episodes)
+            assert all(len(s.played()[0]) == turns for s in saved.values())
+            out[name] = {"records": turns * len(episodes), "value_bytes": written,
+                         "seconds": round(elapsed, 3), "cpu_s": round(cpu, 3)}
+        finally:
+            delete_topics(own.bootstrap_servers, prefix)
+    return out
+
+
 def run(quick: bool = False) -> dict:
     reps = 3 if quick else REPS
     rng = np.random.default_rng(7)
@@ -182,6 +234,10 @@ def run(quick: bool = False) -> dict:
     trajectory_batches = [codec().encode("Trajectory", t) for t in episodes[:4]]
     compression = codecs({"checkpoints": checkpoint_batches, "trajectories": trajectory_batches},
                          reps)
+    cut = [episode(rng, corpus, f"cut-{e}#0") for e in range(20 if quick else RESTORE_EPISODES)]
+    restored = restore(cut, 10 if quick else RESTORE_TURNS)
+    restore_ratio = round(restored["whole_trajectory"]["seconds"]
+                          / restored["per_turn"]["seconds"], 2)
     print_table("checkpoint bytes per turn (with record overhead and the tombstone)",
                 ["turn", "per-turn checkpoint", "whole trajectory", "turn adds", "ratio"],
                 [[r["turn"], r["checkpoint_bytes"], r["whole_trajectory_bytes"],
@@ -192,6 +248,11 @@ def run(quick: bool = False) -> dict:
                 [[kind, name, v[name]["ratio"], v[name]["compress_ms_per_mib"],
                   v[name]["decompress_ms_per_mib"]]
                  for kind, v in compression.items() for name in ("lz4", "zstd")])
+    print_table(f"restore of {len(cut)} episodes cut off after "
+                f"{10 if quick else RESTORE_TURNS} turns, before compaction",
+                ["layout", "records", "value bytes", "seconds", "CPU s"],
+                [[n, r["records"], r["value_bytes"], r["seconds"], r["cpu_s"]]
+                 for n, r in restored.items()])
     doc = {
         "workload": {"turns": TURNS, "first_prompt_tokens": FIRST_PROMPT,
                      "completion_tokens": COMPLETION, "observation_tokens": OBSERVATION,
@@ -207,6 +268,9 @@ def run(quick: bool = False) -> dict:
                           "whole_trajectory_checkpoints_bytes": total_before,
                           "reduction": round(total_before / total_now, 2)},
         "compression": compression,
+        "restore": {"episodes": len(cut), "turns": 10 if quick else RESTORE_TURNS,
+                    "before_compaction": True, **restored,
+                    "whole_over_per_turn_seconds": restore_ratio},
         "target": {"checkpoint_over_turn_at_50_max": TARGET_RATIO, "met": ratio <= TARGET_RATIO},
     }
     path = write_result(NAME, doc)

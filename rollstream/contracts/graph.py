@@ -26,7 +26,7 @@ DAY_MS = 24 * 3600 * 1000
 # topic whose codec differs from the batch's makes the broker decompress and recompress every
 # batch. zstd, measured (make bench, checkpoint.json) on 50-turn episodes' turn checkpoints and
 # trajectories: 0.56 and 0.51 of the raw bytes against lz4's 0.71 and 0.67, for about 2 ms more
-# CPU to compress a MiB (4.9-5.0 against 2.7; about 13 us more per 6 KB turn): the bytes are
+# CPU to compress a MiB (4.7-5.2 against 2.7-2.8; about 13 us more per 6 KB turn): the bytes are
 # paid again on every replica, every reader and the disk.
 COMPRESSION = "zstd"
 
