@@ -21,8 +21,8 @@ import numpy as np
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 # Benchmark modules in the order `python -m benchmarks` runs them.
-BENCHMARKS = ("codec", "passthrough", "security", "saturation", "bridge", "sandbox", "metrics",
-              "gateway", "turn_cpu", "fairshare", "api")
+BENCHMARKS = ("codec", "checkpoint", "passthrough", "security", "saturation", "bridge", "sandbox",
+              "metrics", "gateway", "turn_cpu", "fairshare", "api")
 # Run only when named: each starts its own 3-node cluster or many processes, for many minutes;
 # adapters needs the pinned trainers (`make trainer-deps`, first on PYTHONPATH).
 ON_REQUEST = ("chaos", "chaos_jobs", "scaling", "adapters")

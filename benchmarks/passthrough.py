@@ -46,6 +46,7 @@ from rollstream.cluster.topics import create_topics, delete_topics
 from rollstream.config import Settings, load
 from rollstream.contracts.codec import codec
 from rollstream.contracts.events import TASK
+from rollstream.contracts.graph import COMPRESSION
 from rollstream.runtime import EventContext, Output, Stage, StageRuntime
 
 NAME = "passthrough"
@@ -118,7 +119,7 @@ class PlainDesign:
             "enable.auto.commit": True,
             "auto.offset.reset": "earliest",
         })
-        # The same producer tuning the runtime uses (linger, lz4, idempotence), minus the
+        # The same producer tuning the runtime uses (linger, compression, idempotence), minus the
         # transactional id, so the comparison isolates the runtime rather than client settings.
         self.producer = kafka.producer(settings)
         self.first_ns: int | None = None
@@ -178,7 +179,7 @@ def task_event(i: int, sent_ns: int | None = None) -> tuple[str, bytes]:
 
 def prefill(conf: dict[str, Any], topic: str, n: int, first_id: int = 0) -> int:
     """Produce n events; returns the encoded size of one."""
-    p = Producer({**conf, "linger.ms": 20, "compression.type": "lz4"})
+    p = Producer({**conf, "linger.ms": 20, "compression.type": COMPRESSION})
     size = 0
     for i in range(first_id, first_id + n):
         key, value = task_event(i)
@@ -380,7 +381,8 @@ def _describe(name: str, settings: Settings) -> str:
                 f"an Output, encode); transactions, read_committed, commit_interval_ms="
                 f"{settings.commit_interval_ms}, max_in_flight={settings.max_in_flight}")
     return ("confluent-kafka Consumer (enable.auto.commit; poll, then consume(499, 0) for what is "
-            "already fetched) -> Producer (linger.ms=5, lz4, idempotence, no transactions), "
+            f"already fetched) -> Producer (linger.ms=5, {COMPRESSION}, idempotence, no "
+            "transactions), "
             + ("value decoded and re-encoded with the codec" if name == "plain_avro"
                else "value bytes forwarded"))
 

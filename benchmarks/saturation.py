@@ -9,9 +9,11 @@ all drawn from fixed seeds, so both designs get the same work.
 
 - rollstream: RunStage.handle on every episode, `IN_FLIGHT` at a time (the runtime's
   max_in_flight), through the router: each episode moves on as soon as its own turn is back.
-- sync: batches of `servers * max_num_seqs` episodes; each turn every episode's request is sent
-  at once (round-robin over servers), the batch waits for the slowest, then every environment
-  steps at once and the batch waits for the slowest again.
+- sync: batches of `IN_FLIGHT` episodes, RUN's own concurrency (a smaller batch would leave the
+  servers idle for want of requests, not for the loop's design); each turn every episode's
+  request is sent at once (round-robin over servers; the servers queue what is past their
+  `max_num_seqs`), the batch waits for the slowest, then every environment steps at once and the
+  batch waits for the slowest again.
 
 Utilization: the fraction of time a server had `max_num_seqs` requests decoding (a full batch:
 the GPU doing all it can), averaged over servers. For rollstream it is measured while episodes
@@ -150,8 +152,7 @@ class Target:
 
     urls: list[str]
     utilization: Callable[[], Any]
-    batch_size: int  # the synchronous loop's batch
-    in_flight: int  # RUN's episodes in flight
+    in_flight: int  # RUN's episodes in flight, and the synchronous loop's batch
     tokenizer_path: str = ""  # a real model's: RUN renders its template
     stop_ids: tuple[int, ...] = (0,)
     # The synchronous loop's first prompt (RUN renders its own template's).
@@ -196,7 +197,7 @@ async def run_rollstream(target: Target, work: list[dict]) -> dict[str, Any]:
 async def run_sync(target: Target, work: list[dict]) -> dict[str, Any]:
     clients = [InferenceClient(url, timeout_s=600) for url in target.urls]
     env = ToolCalls()
-    batch_size = target.batch_size
+    batch_size = target.in_flight  # equal concurrency
     util = target.utilization()
     util.start()
     started = time.perf_counter()
@@ -231,8 +232,7 @@ def measure(design: str, n: int) -> dict[str, Any]:
                for _ in range(SERVERS)]
     with Fleet(servers) as fleet:
         runner = run_rollstream if design == "rollstream" else run_sync
-        target = Target(fleet.urls, lambda: Utilization(fleet), SERVERS * MAX_NUM_SEQS,
-                        IN_FLIGHT)
+        target = Target(fleet.urls, lambda: Utilization(fleet), IN_FLIGHT)
         return asyncio.run(runner(target, episodes(n)))
 
 
@@ -256,8 +256,8 @@ def measure_real(n: int) -> dict[str, Any] | str:
         url = f"http://127.0.0.1:{port}"
         wait_http(url + "/health", timeout=300, proc=server)
         template = HFChatTemplate(model)
-        target = Target([url], PolledUtilization, REAL_MAX_NUM_SEQS, REAL_IN_FLIGHT,
-                        str(model), tuple(template.stop_token_ids), template.first_prompt)
+        target = Target([url], PolledUtilization, REAL_IN_FLIGHT, str(model),
+                        tuple(template.stop_token_ids), template.first_prompt)
 
         async def both() -> dict[str, Any]:
             clients = [InferenceClient(url)]
@@ -301,7 +301,7 @@ def run(quick: bool = False) -> dict[str, Any]:
             "servers": SERVERS, "max_num_seqs": MAX_NUM_SEQS,
             "step_s": f"{STEP_S} + {STEP_PER_SEQ_S} * running",
             "completion_tokens": list(TOKENS), "tool_call_s": list(TOOL_S), "turns": TURNS,
-            "episodes": n, "rollstream_in_flight": IN_FLIGHT,
+            "episodes": n, "rollstream_in_flight": IN_FLIGHT, "sync_batch": IN_FLIGHT,
             "utilization": f"fraction of time with {MAX_NUM_SEQS} requests decoding, mean over "
                            "servers; rollstream: while episodes still waited to start",
         },
@@ -317,8 +317,8 @@ def run(quick: bool = False) -> dict[str, Any]:
         "baseline": {"sync_episodes_per_s": sync["episodes_per_s"],
                      "sync_utilization": sync["utilization"]},
         "ratio": ratio,
-        "ratio_meaning": "rollstream episodes/s over the synchronous batch loop's (higher: "
-                         "rollstream faster)",
+        "ratio_meaning": "rollstream episodes/s over the synchronous batch loop's at the same "
+                         "concurrency (higher: rollstream faster)",
         "target": {"description": f"rollstream server utilization >= {TARGET_UTILIZATION}",
                    "measured": ours["utilization"], "met": met},
     }

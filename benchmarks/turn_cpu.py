@@ -1,6 +1,7 @@
 """RUN's CPU per agent turn: what one RUN process spends on each turn of `EPISODES` concurrent
 episodes, against an inference server that answers at once, with one job's adapter and with
-`JOBS_MANY` jobs' adapters on the same server.
+`JOBS_MANY` jobs' adapters on the same server; and of `MANY` x `EPISODES` concurrent episodes
+with one job, to show how the cost per turn follows the episodes in flight.
 
 The server (rollstream.dev.simulated, decode steps of no duration, every job's adapters listed)
 runs in a child process, so the CPU measured (`time.process_time()` of this process, all its
@@ -39,6 +40,7 @@ from stages.run import RunStage
 
 NAME = "turn_cpu"
 EPISODES = 1000
+MANY = 4  # the layout with MANY x EPISODES episodes in flight (one job)
 TURNS = 4
 JOBS_MANY = 8
 TARGET_MS = 1.0  # CPU per turn
@@ -115,11 +117,12 @@ async def play_round(stages: list[RunStage], work: list[dict]) -> dict[str, Any]
     cpu, started = time.process_time(), time.perf_counter()
     outputs = await asyncio.gather(*(
         stages[i % jobs].handle(e, EventContext(0, i, emit)) for i, e in enumerate(work)))
-    for [trajectory] in outputs:
-        emit(trajectory)
+    for episode_outputs in outputs:  # the checkpoints' tombstones, then the trajectory
+        for output in episode_outputs:
+            emit(output)
     cpu, elapsed = time.process_time() - cpu, time.perf_counter() - started
     turns = 0
-    for i, [output] in enumerate(outputs):
+    for i, [*_, output] in enumerate(outputs):
         assert isinstance(output.value, dict)
         named = {t["adapter"] for t in output.value["turns"]}
         assert named == {lora_name(1, job(i % jobs))}, named  # never another job's adapter
@@ -139,22 +142,27 @@ def run(quick: bool = False) -> dict[str, Any]:
         url = parent.recv()
         with mock.patch.dict(registry._environments(), {Instant.name: Instant}):
             asyncio.run(measure(url, 1, min(n, 100)))  # warm-up: imports, caches
-            rows = [asyncio.run(measure(url, jobs, n)) for jobs in (1, JOBS_MANY)]
+            rows = [asyncio.run(measure(url, jobs, episodes))
+                    for jobs, episodes in ((1, n), (1, MANY * n), (JOBS_MANY, n))]
     finally:
         parent.send("stop")
         server.join(10)
     worst = max(r[phase]["cpu_ms_per_turn"] for r in rows for phase in ("cold", "steady"))
-    print_table(f"RUN's CPU per turn, {n} concurrent episodes of {TURNS} turns",
-                ["jobs", "round", "turns", "CPU s", "CPU ms/turn", "turns/s"],
-                [[r["jobs"], phase, r[phase]["turns"], r[phase]["cpu_s"],
+    print_table(f"RUN's CPU per turn, concurrent episodes of {TURNS} turns",
+                ["jobs", "episodes", "round", "turns", "CPU s", "CPU ms/turn", "turns/s"],
+                [[r["jobs"], r["episodes"], phase, r[phase]["turns"], r[phase]["cpu_s"],
                   r[phase]["cpu_ms_per_turn"], r[phase]["turns_per_s"]]
                  for r in rows for phase in ("cold", "steady")])
+    growth = round(rows[1]["steady"]["cpu_ms_per_turn"] / rows[0]["steady"]["cpu_ms_per_turn"],
+                   3)
+    print(f"   one job, steady: CPU per turn at {MANY * n} episodes / at {n}: {growth}x")
     doc = {
         "quick": quick,
-        "setup": {"episodes_in_flight": n, "turns_per_episode": TURNS,
+        "setup": {"episodes_in_flight": [n, MANY * n], "turns_per_episode": TURNS,
                   "server": "simulated, in a child process, answering at once",
                   "jobs": "one RunStage (router + adapter) per job in one process"},
         "results": rows,
+        "steady_cpu_per_turn_many_over_base": growth,
         "target": {"description": f"RUN's CPU per turn <= {TARGET_MS} ms with 1 and "
                                   f"{JOBS_MANY} jobs, cold and steady",
                    "met": worst <= TARGET_MS,

@@ -5,7 +5,8 @@ that runs its own loop, rollstream.gateway.server).
 A turn is: the episode's turn budget checked; the prompt ids (the chat-template delta, or the
 whole re-rendered context flagged as a new sample: history is never silently re-tokenized);
 its token budget checked; the sample drawn through the router; the Turn recorded with the
-sampled ids verbatim; the trajectory checkpointed to <p>.episode-state.
+sampled ids verbatim; the turn checkpointed to <p>.episode-state (that turn only, not the
+trajectory so far).
 
 Sampling goes through rollstream.inference.routing.Router. A failed call (timeout, refused,
 5xx) is retried with backoff within RETRY_DELAYS_S, on another server when its own is down;
@@ -60,8 +61,9 @@ OUTAGE_WINDOW_S = 120.0
 
 # (ids, new_sample) for the episode's current sample: the template's next prompt.
 Prompt = Callable[[list[int]], tuple[list[int], bool]]
-# Writes the trajectory to <p>.episode-state (None: the episode is done, drop it).
-Checkpoint = Callable[[EventContext, Trajectory | None, str], None]
+# Writes the trajectory's last turn to <p>.episode-state, with the previous turn's observation
+# where that came only after its own checkpoint (a harness sends it with its next call).
+Checkpoint = Callable[[EventContext, Trajectory, str | None], None]
 
 
 def now_ms() -> int:
@@ -85,8 +87,8 @@ class EpisodeEnded(Exception):
 
 @dataclass
 class Playing:
-    """An episode being played: its trajectory (checkpointed after every turn), the ids of its
-    current sample, its environment state, and the tokens it has used of its budget."""
+    """An episode being played: its trajectory (each turn checkpointed once recorded), the ids
+    of its current sample, its environment state, and the tokens it has used of its budget."""
 
     trajectory: Trajectory
     ctx: EventContext
@@ -94,6 +96,8 @@ class Playing:
     sample: list[int] = field(default_factory=list)
     max_total_tokens: int | None = None  # prompt + completion ids of all its turns
     tokens: int = 0
+    # The last turn's observation when it came after that turn's checkpoint, for the next one.
+    late_observation: str | None = None
 
     @classmethod
     def resume(cls, trajectory: Trajectory, ctx: EventContext) -> Playing:
@@ -146,6 +150,7 @@ class Turns:
             raise EpisodeEnded()
         if observation is not None and turns:
             turns[-1]["observation"] = observation
+            episode.late_observation = observation
         if self.quotas is not None:
             await self.quotas.turn()  # its turns-per-second quota
         started = now_ms()
@@ -175,7 +180,8 @@ class Turns:
         if step.done:
             episode.end("DONE", "")
         else:
-            self.checkpoint(episode.ctx, trajectory, trajectory["episode_id"])
+            self.checkpoint(episode.ctx, trajectory, episode.late_observation)
+            episode.late_observation = None
 
     async def complete(self, prompt_ids: list[int], trajectory: Trajectory,
                        turn: int) -> Completion:

@@ -20,8 +20,8 @@ from typing import Any
 
 NAMESPACE = "rollstream"
 # Records written to topics on their own; SamplingParams and Turn only ever inside them.
-TOP_LEVEL = ("Task", "Episode", "Trajectory", "ScoredTrajectory", "PolicyVersion", "DeadLetter",
-             "Job")
+TOP_LEVEL = ("Task", "Episode", "Trajectory", "TurnCheckpoint", "ScoredTrajectory",
+             "PolicyVersion", "DeadLetter", "Job")
 
 # Order matters: a schema may only name types defined before it.
 SCHEMA_FILES = {
@@ -30,6 +30,7 @@ SCHEMA_FILES = {
     "Episode": "episode.avsc",
     "Turn": "turn.avsc",
     "Trajectory": "trajectory.avsc",
+    "TurnCheckpoint": "turn_checkpoint.avsc",
     "ScoredTrajectory": "scored_trajectory.avsc",
     "PolicyVersion": "policy_version.avsc",
     "DeadLetter": "dead_letter.avsc",

@@ -14,9 +14,11 @@ retries, weight-update windows, failures, the Turn record, the checkpoint) is ro
 shared with the recording gateway that plays harness environments
 (rollstream.gateway.server): the environment's kind says which of the two plays an episode.
 
-After every turn the unfinished trajectory is written to <p>.episode-state (keyed by episode
-id, co-partitioned with <p>.episodes); a RUN process that takes over a partition reads those
-checkpoints back and resumes episodes where they stopped instead of replaying them.
+After every turn that turn is written to <p>.episode-state (a TurnCheckpoint keyed by
+<episode id>/<turn index>, co-partitioned with <p>.episodes): a turn's checkpoint costs that turn,
+not the trajectory so far. A RUN process that takes over a partition reads those turns back,
+rebuilds each unfinished episode from them and resumes it where it stopped instead of replaying
+it; a finished episode tombstones every one of its turn keys.
 """
 
 from __future__ import annotations
@@ -25,16 +27,25 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
 from typing import cast
 
-from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Message, TopicPartition
 
 from rollstream.bounds import check_episode
 from rollstream.cluster import kafka
 from rollstream.config import Settings
-from rollstream.contracts.codec import codec
-from rollstream.contracts.events import EPISODE, TRAJECTORY, Episode, Task, Trajectory, Turn
+from rollstream.contracts.codec import DecodeError, codec
+from rollstream.contracts.events import (
+    EPISODE,
+    TRAJECTORY,
+    TURN_CHECKPOINT,
+    Episode,
+    Task,
+    Trajectory,
+    Turn,
+)
 from rollstream.contracts.inference import EmbeddedChatTemplate
 from rollstream.envs.base import Environment, EnvKind
 from rollstream.envs.registry import UnknownEnv, get_env
@@ -92,6 +103,72 @@ def conversation(task: Task, turns: list[Turn],
     return messages
 
 
+@dataclass
+class Saved:
+    """An unfinished episode as its checkpoints on <p>.episode-state left it."""
+
+    # By turn index: the turn and the environment's state after it.
+    turns: dict[int, tuple[Turn, str]] = field(default_factory=dict)
+    started_at_ms: int = 0
+    keys: int = 0  # turn keys written, replaced ones too: each gets a tombstone at the end
+    # A whole-trajectory checkpoint keyed by the episode id, as releases before per-turn
+    # checkpoints wrote them: its key gets a tombstone too when the episode ends.
+    legacy: bool = False
+
+    def add(self, checkpoint: dict) -> None:
+        """A turn's checkpoint, in the order written. A turn index written again (the episode
+        resumed by another process from an earlier turn) replaces that turn and any after it."""
+        turn = checkpoint["turn"]
+        index = turn["index"]
+        for later in [i for i in self.turns if i >= index]:
+            del self.turns[later]
+        self.turns[index] = (turn, checkpoint["env_state"])
+        self.keys = max(self.keys, index + 1)
+        if checkpoint["previous_observation"] is not None and index - 1 in self.turns:
+            self.turns[index - 1][0]["observation"] = checkpoint["previous_observation"]
+        self.started_at_ms = checkpoint["started_at_ms"]
+
+    def played(self) -> tuple[list[Turn], str]:
+        """The turns from the first on, up to the first one missing (compaction can leave a
+        replaced turn's later turns behind, from a process that lost the episode), and the
+        environment's state after the last of them."""
+        turns: list[Turn] = []
+        state = "{}"
+        while len(turns) in self.turns:
+            turn, state = self.turns[len(turns)]
+            turns.append(turn)
+        return turns, state
+
+
+# A record of <p>.episode-state: partition, key, record name and value (None, None: a tombstone).
+StateRecord = tuple[int, str, str | None, dict | None]
+
+
+def read_saved(partitions: Iterable[int], records: Iterable[StateRecord]
+               ) -> dict[int, dict[str, Saved]]:
+    """The unfinished episodes of these partitions from <p>.episode-state's records in the order
+    written. Values are per-turn TurnCheckpoints, or an earlier release's whole Trajectory keyed
+    by the episode id."""
+    saved: dict[int, dict[str, Saved]] = {p: {} for p in partitions}
+    for partition, key, record, value in records:
+        episodes = saved[partition]
+        if record == TRAJECTORY and value is not None:
+            episodes[key] = Saved({t["index"]: (t, value["env_state"]) for t in value["turns"]},
+                                  value["started_at_ms"], legacy=True)
+        elif value is not None:
+            episodes.setdefault(value["episode_id"], Saved()).add(value)
+        elif key in episodes and episodes[key].legacy:  # the end of an earlier release's episode
+            del episodes[key]
+        else:
+            episode, _, index = key.rpartition("/")
+            found = episodes.get(episode)
+            if found is not None and index.isdigit():
+                found.turns.pop(int(index), None)
+                if not found.turns and not found.legacy:
+                    del episodes[episode]
+    return saved
+
+
 class RunStage(Stage[Episode]):
     name = "run"
     input_record = EPISODE
@@ -112,7 +189,7 @@ class RunStage(Stage[Episode]):
         self._own_router = router is None
         self.share = share
         # Checkpoints of unfinished episodes, by input partition, then episode id.
-        self.checkpoints: dict[int, dict[str, Trajectory]] = {}
+        self.checkpoints: dict[int, dict[str, Saved]] = {}
         self.turns: Turns | None = None
         self.gateway: Gateway | None = None  # it listens from the first harness episode on
         self.players: dict[str, Player] = {}  # by environment kind
@@ -173,28 +250,48 @@ class RunStage(Stage[Episode]):
         # Read in a thread: the episodes of the other partitions go on meanwhile.
         self.checkpoints.update(await asyncio.to_thread(self._read_checkpoints, partitions))
 
-    def _read_checkpoints(self, partitions: list[int]) -> dict[int, dict[str, Trajectory]]:
+    def _read_checkpoints(self, partitions: list[int]) -> dict[int, dict[str, Saved]]:
         """The unfinished episodes' checkpoints on these partitions of <p>.episode-state."""
         tps = [TopicPartition(self.topics.episode_state, p, OFFSET_BEGINNING) for p in partitions]
-        checkpoints: dict[int, dict[str, Trajectory]] = {p: {} for p in partitions}
         c = codec()
-        for msg in kafka.read_partitions(self.settings, tps):
-            episode = msg.key().decode()
+
+        def record(msg: Message) -> StateRecord:
             if msg.value() is None:
-                checkpoints[msg.partition()].pop(episode, None)
-            else:
-                checkpoints[msg.partition()][episode] = c.decode_as(TRAJECTORY, msg.value())
-        return checkpoints
+                return msg.partition(), msg.key().decode(), None, None
+            name, value = c.decode(msg.value())
+            if name not in (TURN_CHECKPOINT, TRAJECTORY):
+                raise DecodeError(f"{msg.topic()}[{msg.partition()}]@{msg.offset()}: a {name} "
+                                  "is not a checkpoint")
+            return msg.partition(), msg.key().decode(), name, value
+
+        return read_saved(partitions, map(record, kafka.read_partitions(self.settings, tps)))
 
     def on_revoke(self, partitions: list[int]) -> None:
         for p in partitions:
             self.checkpoints.pop(p, None)
 
-    def checkpoint(self, ctx: EventContext, trajectory: Trajectory | None,
-                   episode_id: str) -> None:
-        ctx.emit(Output(self.topics.episode_state, episode_id,
-                        None if trajectory is None else TRAJECTORY, trajectory,
-                        partition=ctx.partition))
+    def checkpoint(self, ctx: EventContext, trajectory: Trajectory,
+                   previous_observation: str | None) -> None:
+        """Write the trajectory's last turn (with the previous turn's observation where that
+        came after its own checkpoint) to <p>.episode-state."""
+        turn = trajectory["turns"][-1]
+        episode_id = trajectory["episode_id"]
+        ctx.emit(Output(self.topics.episode_state, f"{episode_id}/{turn['index']}",
+                        TURN_CHECKPOINT, {
+                            "episode_id": episode_id,
+                            "turn": turn,
+                            "env_state": trajectory["env_state"],
+                            "previous_observation": previous_observation,
+                            "started_at_ms": trajectory["started_at_ms"],
+                        }, partition=ctx.partition))
+
+    def tombstones(self, partition: int, episode_id: str, turns: int,
+                   legacy: bool) -> list[Output]:
+        """The episode is done: a tombstone for each of its `turns` turn keys (and for a legacy
+        whole-trajectory checkpoint's key)."""
+        keys = [f"{episode_id}/{index}" for index in range(turns)]
+        return [Output(self.topics.episode_state, key, None, None, partition=partition)
+                for key in keys + ([episode_id] if legacy else [])]
 
     # -- the episode -------------------------------------------------------------------------
 
@@ -206,27 +303,30 @@ class RunStage(Stage[Episode]):
             env = get_env(task["env"], self.sandboxes)
         except UnknownEnv as exc:
             raise InvalidEvent(str(exc)) from exc
-        trajectory = self.checkpoints.get(ctx.partition, {}).pop(episode_id, None)
+        saved = self.checkpoints.get(ctx.partition, {}).pop(episode_id, None)
+        turns, env_state = saved.played() if saved is not None else ([], "{}")
+        started = saved.started_at_ms if saved is not None and turns else None
         assert self.router is not None
         # Take a server before the first await, so capacity() counts this episode at once; a
         # resumed episode goes back to its server while that one is usable.
-        turns = trajectory["turns"] if trajectory is not None else []
         self.router.pin(episode_id, prefer=turns[-1]["server"] if turns else None)
         try:
-            if trajectory is None:
-                trajectory = {
-                    "episode_id": episode_id,
-                    "task": task,
-                    "sample_index": episode["sample_index"],
-                    "turns": [],
-                    "termination": "RUNNING",
-                    "termination_detail": "",
-                    "env_state": json.dumps(await env.reset(task)),
-                    "started_at_ms": now_ms(),
-                    "finished_at_ms": 0,
-                }
+            if started is None:
+                env_state, started = json.dumps(await env.reset(task)), now_ms()
             else:
                 log.info("resuming %s at turn %d", episode_id, len(turns))
+            # A resumed episode's task is its episode event's: checkpoints hold turns only.
+            trajectory: Trajectory = {
+                "episode_id": episode_id,
+                "task": task,
+                "sample_index": episode["sample_index"],
+                "turns": turns,
+                "termination": "RUNNING",
+                "termination_detail": "",
+                "env_state": env_state,
+                "started_at_ms": started,
+                "finished_at_ms": 0,
+            }
             try:
                 await self.players[env.kind](env, trajectory, ctx)
             finally:
@@ -236,8 +336,13 @@ class RunStage(Stage[Episode]):
         finally:
             self.router.release(episode_id)
         trajectory["finished_at_ms"] = now_ms()
-        self.checkpoint(ctx, None, episode_id)  # done: drop the checkpoint
-        return [Output(self.topics.trajectories, episode_id, TRAJECTORY, trajectory)]
+        # Done: its checkpoints are dropped (also those of turns a restarted harness did not
+        # redo) in the transaction that writes the trajectory and passes the episode.
+        written = saved.keys if saved is not None else 0
+        return [*self.tombstones(ctx.partition, episode_id,
+                                 max(written, len(trajectory["turns"])),
+                                 saved is not None and saved.legacy),
+                Output(self.topics.trajectories, episode_id, TRAJECTORY, trajectory)]
 
     async def _play(self, env: Environment, trajectory: Trajectory, ctx: EventContext) -> None:
         """An environment that steps: RUN renders the conversation, samples, and hands each

@@ -24,6 +24,7 @@ from confluent_kafka import (
 from rollstream.cluster.kafka_errors import ErrorWatch
 from rollstream.config import Settings
 from rollstream.contracts.codec import headers_for
+from rollstream.contracts.graph import COMPRESSION
 
 log = logging.getLogger("rollstream.cluster.kafka")
 T = TypeVar("T")
@@ -75,7 +76,7 @@ def producer(settings: Settings, transactional_id: str | None = None, **extra: A
         # Room for bursts (a stage emits between commits); memory is still capped by
         # queue.buffering.max.kbytes.
         "queue.buffering.max.messages": 1_000_000,
-        "compression.type": "lz4",
+        "compression.type": COMPRESSION,  # the topics' own: brokers store batches as written
         "message.max.bytes": 16 * 1024 * 1024,
         "enable.idempotence": True,
         # Java's partitioner: a key lands on the same partition as from a Java or Streams client.

@@ -17,6 +17,7 @@ TASK: Final = "Task"
 EPISODE: Final = "Episode"
 TURN: Final = "Turn"
 TRAJECTORY: Final = "Trajectory"
+TURN_CHECKPOINT: Final = "TurnCheckpoint"
 SCORED_TRAJECTORY: Final = "ScoredTrajectory"
 POLICY_VERSION: Final = "PolicyVersion"
 DEAD_LETTER: Final = "DeadLetter"
@@ -86,6 +87,14 @@ class Trajectory(TypedDict):
     env_state: str
     started_at_ms: int
     finished_at_ms: int
+
+
+class TurnCheckpoint(TypedDict):
+    episode_id: str
+    turn: Turn
+    env_state: str
+    previous_observation: str | None
+    started_at_ms: int
 
 
 class ScoredTrajectory(TypedDict):

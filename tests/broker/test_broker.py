@@ -96,7 +96,7 @@ def test_create_topics_is_idempotent_and_configures_topics(bootstrap: str) -> No
         assert conf[topics.episode_state]["cleanup.policy"].value == "compact"
         assert conf[topics.trajectories]["cleanup.policy"].value == "delete"
         assert conf[topics.trajectories]["compression.type"].value == "zstd"
-        assert conf[topics.tasks]["compression.type"].value == "lz4"
+        assert conf[topics.tasks]["compression.type"].value == "zstd"  # one codec everywhere
         assert int(conf[topics.trajectories]["max.message.bytes"].value) == MAX_MESSAGE_BYTES
         assert conf[topics.policy]["retention.ms"].value == "-1"
     finally:

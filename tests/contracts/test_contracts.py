@@ -31,6 +31,9 @@ def samples() -> dict[str, dict]:
         "Episode": {"episode_id": "c-1#2", "task": s["trajectory"]["task"], "sample_index": 2,
                     "created_at_ms": 7},
         "Trajectory": s["trajectory"],
+        "TurnCheckpoint": {"episode_id": "c-1#2", "turn": s["trajectory"]["turns"][0],
+                           "env_state": "{}", "previous_observation": "ok",
+                           "started_at_ms": 5},
         "ScoredTrajectory": s,
         "PolicyVersion": {"version": 3, "kind": "lora", "uri": "/ckpt/3", "step_id": "s3",
                           "metrics": {"loss": 0.25}, "created_at_ms": 9},
@@ -68,7 +71,7 @@ def test_apache_avro_reads_our_events_and_we_read_theirs() -> None:
 
 
 @pytest.mark.parametrize(("nested", "containers"), [
-    ("turn.avsc", {"Turn", "Trajectory", "ScoredTrajectory"}),
+    ("turn.avsc", {"Turn", "Trajectory", "TurnCheckpoint", "ScoredTrajectory"}),
     ("sampling.avsc", {"SamplingParams", "Task", "Episode", "Trajectory", "ScoredTrajectory"}),
 ])
 def test_a_nested_type_change_changes_every_containing_fingerprint(

@@ -36,7 +36,7 @@ LEGACY = Path(__file__).parents[1] / "fixtures" / "legacy_events.json"
 JAVA_TASKS = 2
 GROUP = 2
 # Topic (a Topics attribute) -> the record every non-null value on it must be.
-RECORDS = {"tasks": "Task", "episodes": "Episode", "episode_state": "Trajectory",
+RECORDS = {"tasks": "Task", "episodes": "Episode", "episode_state": "TurnCheckpoint",
            "trajectories": "Trajectory", "scored": "ScoredTrajectory",
            "policy": "PolicyVersion", "dlq": "DeadLetter"}
 

@@ -93,7 +93,7 @@ class Pipeline:
 def checkpoints(settings: Settings) -> list[dict]:
     tps = [TopicPartition(settings.topics.episode_state, p, 0)
            for p in range(settings.partitions)]
-    return [codec().decode_as("Trajectory", m.value())
+    return [codec().decode_as("TurnCheckpoint", m.value())
             for m in kafka.read_partitions(settings, tps) if m.value() is not None]
 
 

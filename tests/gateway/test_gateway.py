@@ -78,7 +78,8 @@ async def with_harness(url: str, test: Any, max_turns: int = 8,
             "sampling": {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "max_tokens": 512,
                          "seed": None}}
     trajectory = {"episode_id": "t#0", "task": task, "sample_index": 0, "turns": [],
-                  "termination": "RUNNING", "termination_detail": "", "env_state": "{}"}
+                  "termination": "RUNNING", "termination_detail": "", "env_state": "{}",
+                  "started_at_ms": 1}
     emitted: list[Output] = []
     stage.router.pin("t#0")
     # The runtime encodes an output when it is emitted: keep a copy as it was then.
@@ -141,8 +142,13 @@ def test_every_sample_is_the_templates_rendering_or_a_flagged_new_sample(
     async def run(h: Harness) -> None:
         await drive(h)
         trajectory.update(h.episode.trajectory)
-        # A checkpoint after every call, holding every turn so far.
-        assert [len(o.value["turns"]) for o in h.emitted] == [1, 2, 3, 4]
+        # A checkpoint after every call, holding that call's turn only, keyed by its index; the
+        # harness's answer to a turn comes with the next call, so its checkpoint carries it.
+        assert [o.key for o in h.emitted] == [f"t#0/{i}" for i in range(4)]
+        assert [o.value["turn"]["index"] for o in h.emitted] == [0, 1, 2, 3]
+        observations = [t["observation"] for t in h.episode.trajectory["turns"]]
+        assert observations[:2] == ["a.py b.py", "x = 1\ny = 2"]
+        assert [o.value["previous_observation"] for o in h.emitted] == [None, *observations[:3]]
         assert {o.topic for o in h.emitted} == {run_settings([]).topics.episode_state}
 
     asyncio.run(with_harness(policy_url, run))
