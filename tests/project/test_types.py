@@ -32,7 +32,7 @@ def test_the_event_packages_type_check(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("module", "right", "wrong", "error"), [
     # An ending outside the closed set of terminations.
     ("stages/run.py", '"termination": "RUNNING",', '"termination": "FINISHED",',
-     "Trajectory"),
+     '"termination"'),
     # An episode with a key its record does not have.
     ("stages/init.py", '"sample_index": i,', '"sample": i,', 'Extra key "sample"'),
     # The bridge's sample read as something other than a ScoredTrajectory.
