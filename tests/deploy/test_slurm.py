@@ -14,11 +14,12 @@ and the trainer's policy versions reached the policy topic. Accounting is off (n
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,7 @@ from confluent_kafka import TopicPartition
 from producers.publish import publish, validate_task
 from rollstream.cluster import kafka
 from rollstream.config import Settings
+from rollstream.dev import tiny_model, vllm_launch
 from rollstream.dev.processes import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,7 +48,7 @@ NODES = ("node1", "node2")
 class Slurm:
     """A Slurm cluster of its own (ports, state, munge socket) in a directory: one controller
     and a slurmd per node name, all on this host (they share its CPUs: each node declares 8
-    CPUs and 4000 MB, which slurmd accepts with SlurmdParameters=config_overrides)."""
+    CPUs and 8000 MB, which slurmd accepts with SlurmdParameters=config_overrides)."""
 
     def __init__(self, root: Path, nodes: tuple[str, ...] = NODES) -> None:
         for daemon in ("munged", "slurmctld", "slurmd"):
@@ -93,7 +95,7 @@ class Slurm:
             "JobCompType=jobcomp/filetxt",
             f"JobCompLoc={root / 'jobcomp.txt'}",
             *(f"NodeName={node} NodeHostname={hostname} NodeAddr=127.0.0.1 Port={free_port()} "
-              "CPUs=8 RealMemory=4000 State=UNKNOWN" for node in nodes),
+              "CPUs=8 RealMemory=8000 State=UNKNOWN" for node in nodes),
             f"PartitionName=local Nodes={','.join(nodes)} Default=YES MaxTime=INFINITE State=UP",
         ]) + "\n")
         self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
@@ -160,106 +162,130 @@ def scored_keys(settings: Settings) -> list[str]:
     return [m.key().decode() for m in kafka.read_partitions(settings, parts)]
 
 
-@pytest.mark.timeout(1200)
-def test_recipe_on_two_nodes_drains_before_its_time_limit_on_scancel_and_resumes(
-        slurm: Slurm, settings: Settings, tmp_path: Path) -> None:
-    logs = tmp_path / "logs"
-    env_args = {
-        "KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
-        "ROLLSTREAM_PREFIX": settings.prefix,
-        "ROLLSTREAM_PARTITIONS": str(settings.partitions),
-        "ROLLSTREAM": str(Path(sys.executable).with_name("rollstream")),
-        "PYTHON": sys.executable,
-        "RUN_PROCESSES": "2",
-        "LOG_DIR": str(logs),
-        "CHECKPOINT_DIR": str(tmp_path / "checkpoints"),
-        "TRAIN_ARGS": "--groups-per-batch 2",
-        # What each step asks of its component (below); the defaults are larger.
-        "STAGE_MEM": "400M", "INFERENCE_CPUS": "1", "INFERENCE_MEM": "1G",
-        "TRAINER_CPUS": "1", "TRAINER_MEM": "1G", "CONTROLLER_MEM": "256M",
-    }
-    # Component 0 (the "GPU" node): policy server, controller, trainer: 3 CPUs, 2.3 GB;
-    # component 1: INIT, EVAL and two RUN processes, 1 CPU and 400 MB each.
-    components = ["-w", "node1", "-c", "3", "--mem=2500M", ":", "-w", "node2", "-c", "4",
-                  "--mem=2000M"]
+def wait_for(predicate: Callable[[], bool], what: str, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(1)
 
-    def submit(*options: str) -> str:
-        out = subprocess.run(["sbatch", "--parsable", f"--chdir={tmp_path}",
-                              f"--output={tmp_path}/job-%j.out", *options, *components,
+
+class Recipe:
+    """The recipe submitted as a heterogeneous job: component 0 on node1, component 1 on node2,
+    with `env` over the test's settings."""
+
+    # Component 0 (the "GPU" node): inference server, controller, trainer; component 1: INIT,
+    # EVAL and two RUN processes, 1 CPU and 400 MB each (STAGE_MEM).
+    CPU_COMPONENT = ["-w", "node2", "-c", "4", "--mem=2000M"]
+
+    def __init__(self, slurm: Slurm, settings: Settings, tmp_path: Path,
+                 gpu_component: list[str], **env: str) -> None:
+        self.slurm, self.settings, self.dir = slurm, settings, tmp_path
+        self.logs = tmp_path / "logs"
+        self.components = ["-w", "node1", *gpu_component, ":", *self.CPU_COMPONENT]
+        self.env = {
+            **slurm.env,
+            "KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
+            "ROLLSTREAM_PREFIX": settings.prefix,
+            "ROLLSTREAM_PARTITIONS": str(settings.partitions),
+            "ROLLSTREAM": str(Path(sys.executable).with_name("rollstream")),
+            "PYTHON": sys.executable,
+            "RUN_PROCESSES": "2",
+            "LOG_DIR": str(self.logs),
+            "CHECKPOINT_DIR": str(tmp_path / "checkpoints"),
+            "TRAIN_ARGS": "--groups-per-batch 2",
+            "STAGE_MEM": "400M", "CONTROLLER_MEM": "256M",
+            **env,
+        }
+
+    def submit(self, *options: str) -> str:
+        out = subprocess.run(["sbatch", "--parsable", f"--chdir={self.dir}",
+                              f"--output={self.dir}/job-%j.out", *options, *self.components,
                               str(RECIPE)],
-                             capture_output=True, text=True, timeout=60,
-                             env={**slurm.env, **env_args})
+                             capture_output=True, text=True, timeout=60, env=self.env)
         assert out.returncode == 0, out.stderr
         return out.stdout.strip().split(";")[0].split("+")[0]
 
-    def output(job: str) -> str:
-        path = tmp_path / f"job-{job}.out"
+    def output(self, job: str) -> str:
+        path = self.dir / f"job-{job}.out"
         return path.read_text() if path.exists() else ""
 
-    def state(job: str) -> set[str]:
+    def state(self, job: str) -> set[str]:
         """The states of the job's components (empty: gone)."""
-        return set(slurm.run("squeue", "-h", "-j", job, "-o", "%T", check=False).split())
+        return set(self.slurm.run("squeue", "-h", "-j", job, "-o", "%T", check=False).split())
 
-    def wait_scored(n: int, job: str, timeout: float = 400) -> list[str]:
+    def wait_scored(self, n: int, job: str, timeout: float = 400) -> list[str]:
         deadline = time.monotonic() + timeout
-        while len(keys := scored_keys(settings)) < n:
-            assert state(job) and state(job) <= {
+        while len(keys := scored_keys(self.settings)) < n:
+            state = self.state(job)
+            assert state and state <= {
                 "RUNNING", "PENDING", "CONFIGURING", "REQUEUED", "COMPLETING"}, (
-                f"job {job} is {state(job)!r}: {output(job)}")
-            assert time.monotonic() < deadline, f"{len(keys)} of {n} scored: {output(job)}"
+                f"job {job} is {state!r}: {self.output(job)}")
+            assert time.monotonic() < deadline, f"{len(keys)} of {n} scored: {self.output(job)}"
             time.sleep(1)
         return keys
 
-    def wait_for(predicate, what: str, timeout: float = 300) -> None:
-        deadline = time.monotonic() + timeout
-        while not predicate():
-            assert time.monotonic() < deadline, f"timed out waiting for {what}"
-            time.sleep(1)
+    def placed_on_their_nodes(self, gpu: tuple[str, ...]) -> None:
+        # Every step of the cluster (the job's components have job ids of their own).
+        steps = self.slurm.run("squeue", "-h", "--steps", "-o", "%j %N")
+        placed = dict(line.split() for line in steps.splitlines())
+        cpu = ("init-1", "eval-2", "run-3", "run-4")
+        assert {name: placed.get(name) for name in gpu + cpu} == {
+            **dict.fromkeys(gpu, "node1"), **dict.fromkeys(cpu, "node2")}, steps
 
-    def drained(job: str, times: int) -> None:
+    def drained(self, job: str, times: int) -> None:
         for name in ("init-1", "eval-2", "run-3", "run-4"):
             stage = name.split("-")[0]
-            log = (logs / f"{name}-{job}.log").read_text()
+            log = (self.logs / f"{name}-{job}.log").read_text()
             assert log.count(f"stage {stage} stopped") == times, (
                 f"{name} did not drain:\n{log[-2000:]}")
 
+    def cancel(self, job: str) -> None:
+        self.slurm.run("scancel", job)
+        wait_for(lambda: not self.state(job), f"job {job} gone after scancel", timeout=120)
+
+
+def policy_versions(settings: Settings) -> list:
+    return list(kafka.read_partitions(settings, [TopicPartition(settings.topics.policy, 0, 0)]))
+
+
+@pytest.mark.timeout(1200)
+def test_recipe_on_two_nodes_drains_before_its_time_limit_on_scancel_and_resumes(
+        slurm: Slurm, settings: Settings, tmp_path: Path) -> None:
+    # The embedded policy server on the "GPU" node: 3 CPUs, 2.3 GB with the trainer and
+    # controller.
+    recipe = Recipe(slurm, settings, tmp_path, ["-c", "3", "--mem=2500M"],
+                    INFERENCE_CPUS="1", INFERENCE_MEM="1G", TRAINER_CPUS="1", TRAINER_MEM="1G")
     first = tasks("a", 6)
     publish(settings, first)
     # A 4-minute limit, signalled 2-3 minutes in (Slurm may signal up to 60 s early).
-    job = submit("--time=4", "--signal=B:USR1@120")
-    wait_scored(len(first) * GROUP, job)
-    # Every step of the cluster (the job's components have job ids of their own).
-    steps = slurm.run("squeue", "-h", "--steps", "-o", "%j %N")
-    placed = dict(line.split() for line in steps.splitlines())
-    gpu, cpu = ("policy", "controller", "trainer"), ("init-1", "eval-2", "run-3", "run-4")
-    assert {name: placed.get(name) for name in gpu + cpu} == {
-        **dict.fromkeys(gpu, "node1"), **dict.fromkeys(cpu, "node2")}, steps
+    job = recipe.submit("--time=4", "--signal=B:USR1@120")
+    recipe.wait_scored(len(first) * GROUP, job)
+    recipe.placed_on_their_nodes(("policy", "controller", "trainer"))
 
     # A trickle of tasks until the limit's signal (its time is not exact): the steps drain
     # with work in flight, the job requeues itself and starts again.
     published, deadline = len(first), time.monotonic() + 240
-    while "drained before the time limit; requeued" not in output(job):
-        assert time.monotonic() < deadline, f"no drain before the time limit: {output(job)}"
+    while "drained before the time limit; requeued" not in recipe.output(job):
+        assert time.monotonic() < deadline, f"no drain before the limit: {recipe.output(job)}"
         publish(settings, tasks(f"b{published}-", 4))
         published += 4
         time.sleep(2)
     at_requeue = len(scored_keys(settings))
     assert at_requeue < published * GROUP, "all was scored before the time limit: nothing to resume"
-    drained(job, 1)
+    recipe.drained(job, 1)
     # Slurm holds a requeued job for two minutes (its BeginTime); release it now.
-    wait_for(lambda: "PENDING" in state(job), "the job pending again")
+    wait_for(lambda: "PENDING" in recipe.state(job), "the job pending again")
     slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now")
-    wait_for(lambda: output(job).count("stages ready") == 2, "the requeued job's stages")
-    assert "(restart 1)" in output(job)
+    wait_for(lambda: recipe.output(job).count("stages ready") == 2, "the requeued job's stages")
+    assert "(restart 1)" in recipe.output(job)
     third = tasks("c", 150)
     publish(settings, third)
     published += len(third)
-    wait_scored(at_requeue + 1, job)
+    recipe.wait_scored(at_requeue + 1, job)
 
-    slurm.run("scancel", job)
-    wait_for(lambda: not state(job), f"job {job} gone after scancel", timeout=120)
-    drained(job, 2)
-    log = (logs / f"run-3-{job}.log").read_text()
+    recipe.cancel(job)
+    recipe.drained(job, 2)
+    log = (recipe.logs / f"run-3-{job}.log").read_text()
     # Its server stopped too: its episodes are handed back at once.
     assert "in-flight events cannot progress" in log, log[-2000:]
     completion = slurm.run("sacct", "--completion", "-j", job, "-n", "-o", "JobID,State",
@@ -269,14 +295,51 @@ def test_recipe_on_two_nodes_drains_before_its_time_limit_on_scancel_and_resumes
     left = total - len(scored_keys(settings))
     assert left > 0, "everything was scored before the scancel: nothing to resume"
 
-    again = submit()
-    wait_scored(total, again)
+    again = recipe.submit()
+    recipe.wait_scored(total, again)
     time.sleep(3)  # anything scored twice would arrive by now
     keys = scored_keys(settings)
     assert len(keys) == len(set(keys)) == total
     # The loop closed on Slurm: the trainer published policy versions the controller read.
-    versions = list(kafka.read_partitions(
-        settings, [TopicPartition(settings.topics.policy, 0, 0)]))
-    assert versions, "the trainer published no policy version"
-    slurm.run("scancel", again)
-    wait_for(lambda: not state(again), f"job {again} gone after scancel", timeout=120)
+    assert policy_versions(settings), "the trainer published no policy version"
+    recipe.cancel(again)
+
+
+@pytest.mark.vllm
+@pytest.mark.timeout(1200)
+def test_recipe_with_vllm_on_the_gpu_component(slurm: Slurm, settings: Settings,
+                                               tmp_path: Path) -> None:
+    """INFERENCE=vllm: vLLM's CPU build stands in on the "GPU" node, serving the tiny model;
+    RUN renders its chat template (--tokenizer-path), the trainer trains it (--hf-model) and
+    the controller has vLLM reload each version from the checkpoint directory."""
+    if not (vllm_launch.venv(ROOT) / "bin" / "python").exists():
+        pytest.fail("vLLM's CPU build is missing: run `make vllm-deps`")
+    model = tiny_model.build(ROOT / ".rollstream" / "tiny-model").model
+    # The recipe's `vllm` command: the CPU build through its launcher (its CPU environment).
+    python = vllm_launch.venv(ROOT) / "bin" / "python"
+    launcher = tmp_path / "vllm"
+    launcher.write_text(f"#!/bin/sh\nPYTHONPATH={ROOT} exec {python} -m "
+                        "rollstream.dev.vllm_launch \"$@\"\n")
+    launcher.chmod(0o755)
+    recipe = Recipe(slurm, settings, tmp_path, ["-c", "4", "--mem=6000M"],
+                    INFERENCE="vllm", VLLM=str(launcher), VLLM_MODEL=str(model),
+                    VLLM_ARGS=" ".join(vllm_launch.SERVE_ARGS), INFERENCE_CPUS="2",
+                    INFERENCE_MEM="4G", TRAINER_CPUS="1", TRAINER_MEM="1500M",
+                    # The tiny model's groups mostly score alike: train on them all the same,
+                    # so that versions are published and reloaded.
+                    TRAIN_ARGS="--groups-per-batch 2 --keep-zero-variance")
+    batch = tasks("v", 8)
+    publish(settings, batch)
+    job = recipe.submit()
+    keys = recipe.wait_scored(len(batch) * GROUP, job, timeout=600)
+    recipe.placed_on_their_nodes(("vllm", "controller", "trainer"))
+    vllm_log = (recipe.logs / f"vllm-{job}.log").read_text()
+    assert "'enable_prefix_caching': True" in vllm_log, vllm_log[:3000]
+    # A version the trainer published, reloaded into vLLM (a failure logs "... failed: ...").
+    controller = recipe.logs / f"controller-{job}.log"
+    applied = re.compile(r"policy v[1-9]\d* on http://127\.0\.0\.1:\d+: ")
+    wait_for(lambda: bool(applied.search(controller.read_text())),
+             "the controller applying a trained version to vLLM", timeout=300)
+    assert policy_versions(settings)
+    assert len(keys) == len(set(keys))
+    recipe.cancel(job)
