@@ -133,6 +133,15 @@ class Slurm:
         return result.stdout
 
     def close(self) -> None:
+        """Cancel every job the test left (a failed one included) and wait until it is gone,
+        then stop the daemons: a slurmstepd outlives its slurmd, and so would its steps."""
+        jobs = self.run("squeue", "-h", "-o", "%A", check=False).split()
+        if jobs:
+            self.run("scancel", *sorted(set(jobs)), check=False)
+            deadline = time.monotonic() + 150  # KillWait (60 s), then SIGKILL
+            while (self.run("squeue", "-h", check=False).strip()
+                   and time.monotonic() < deadline):
+                time.sleep(1)
         for p in reversed(self.procs):
             p.terminate()
         for p in reversed(self.procs):
