@@ -236,7 +236,7 @@ def test_the_kafka_users_secret_and_the_cluster_ca_reach_every_process_and_keda(
     config = named("ConfigMap", "rs-settings", *sets)
     assert config["data"]["ROLLSTREAM_KAFKA_CONFIG"] == "/etc/rollstream/kafka/client.properties"
     pods = rollstream_pods(*sets)
-    assert len(pods) == 3 + 4  # the stages; controller, trainer, status, stats
+    assert len(pods) == 3 + 5  # the stages; controller, trainer, status, stats, api
     for pod in pods:
         env = init_env(pod)
         assert env["KAFKA_SECURITY_PROTOCOL"]["value"] == "SASL_SSL"
