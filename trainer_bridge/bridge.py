@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
+import weakref
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -87,6 +88,11 @@ class TrainerBridge:
     def __init__(self, settings: Settings, groups_per_batch: int = 4,
                  policy: GroupPolicy | None = None, group: str | None = None,
                  transactional: bool = False) -> None:
+        if not settings.bootstrap_servers:
+            # The CLI's words (imported only here: the CLI package is heavy to import).
+            from rollstream.cli.common import NO_BROKER
+
+            raise ValueError(NO_BROKER)
         self.settings = settings
         self.topic = settings.topics.scored
         self.groups_per_batch = groups_per_batch
@@ -102,6 +108,10 @@ class TrainerBridge:
         self._holds: Counter[int] = Counter()
         self.loop = ConsumeLoop(settings, self.topic, group or settings.topics.group(BRIDGE),
                                 BRIDGE, self)
+        # A bridge never closed (opened without `with`, then an exception) is closed at
+        # interpreter exit, while Python still runs: left to the Kafka clients' own teardown,
+        # such a process spun at exit and never ended.
+        self._closer = weakref.finalize(self, ConsumeLoop.close, self.loop)
         self.loop.open()
 
     @property
@@ -236,8 +246,8 @@ class TrainerBridge:
 
     def close(self) -> None:
         """Leave the group and let the producer go (bounded: a cluster that does not answer
-        cannot keep the trainer from stopping)."""
-        self.loop.close()
+        cannot keep the trainer from stopping). Only the first call does anything."""
+        self._closer()
 
     def __enter__(self) -> TrainerBridge:
         return self
