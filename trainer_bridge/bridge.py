@@ -37,7 +37,7 @@ from rollstream.consume.deadletters import Encoder, dead_letter
 from rollstream.consume.loop import ConsumeLoop
 from rollstream.consume.records import Output
 from rollstream.contracts.codec import DecodeError, codec
-from rollstream.contracts.events import SCORED_TRAJECTORY
+from rollstream.contracts.events import POLICY_VERSION, SCORED_TRAJECTORY
 from rollstream.contracts.graph import BRIDGE
 from trainer_bridge.groups import Group, GroupAssembler, GroupPolicy, Sample
 
@@ -230,6 +230,10 @@ class TrainerBridge:
                          "handed out: their samples go to the next owner")
         self._finished(batch.samples)
         self._commit(outputs)
+        # The trainer's version is what it committed last (the staleness bound's reference).
+        versions = [o.value["version"] for o in outputs
+                    if o.record == POLICY_VERSION and isinstance(o.value, dict)]
+        self.current_version = max([self.current_version, *versions])
 
     def _commit(self, outputs: list[Output]) -> None:
         """Commit finished offsets with the outputs (and pending dead letters), atomically."""
