@@ -7,13 +7,17 @@ Each example runs on its own: `python examples/trainers/<name>.py --help`.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import sys
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+import aiohttp
 
 from rollstream.config import Settings
 
@@ -72,24 +76,69 @@ def work_dir(args: argparse.Namespace) -> Iterator[Path]:
 
 
 @contextmanager
-def pipeline(settings: Settings, log_dir: Path) -> Iterator[str]:
-    """INIT, RUN and EVAL as processes, RUN sampling from the embedded policy server; yields
-    the server's URL. Everything is stopped on the way out. The embedded policy samples
-    byte-level token ids (below 261), which the tiny Qwen2 takes as its own ids."""
-    from rollstream.dev.processes import ProcessGroup
+def pipeline(settings: Settings, log_dir: Path, vllm_model: Path | None = None) -> Iterator[str]:
+    """INIT, RUN and EVAL as processes; yields the inference server's URL. Everything is
+    stopped on the way out. RUN samples from the embedded policy server (byte-level token ids
+    below 261, which the tiny Qwen2 takes as its own ids), or with `vllm_model` from vLLM's CPU
+    build serving that Hugging Face model (`make vllm-deps`), with `rollstream controller`
+    applying the job's versions to it and the model served as version 0 to start with."""
+    from rollstream.dev import vllm_launch
+    from rollstream.dev.processes import ProcessGroup, free_port, wait_http
 
     procs = ProcessGroup(log_dir)
     common = [*settings.client_flags(), "--commit-interval-ms", "100"]
     try:
-        policy = procs.start_policy()
+        if vllm_model is None:
+            policy = procs.start_policy()
+            url, run_args = policy.url, []
+        else:
+            if not (vllm_launch.venv(ROOT) / ".installed").is_file():
+                sys.exit("vLLM's CPU build is not installed: run `make vllm-deps`")
+            port = free_port()
+            argv, env = vllm_launch.serve_command(ROOT, vllm_model, port)
+            server = procs.start_program("policy", argv, env)
+            url, run_args = f"http://127.0.0.1:{port}", ["--tokenizer-path", str(vllm_model)]
+            procs.start("controller", "controller", *settings.client_flags(), "--policy-url", url)
         procs.start("init", "stage", "init", *common)
-        procs.start("run", "stage", "run", *common, "--policy-url", policy.url)
+        procs.start("run", "stage", "run", *common, "--policy-url", url, *run_args)
         procs.start("eval", "stage", "eval", *common)
-        policy.ready()
-        print(f"pipeline up (logs in {log_dir}); policy server {policy.url}", flush=True)
-        yield policy.url
+        if vllm_model is None:
+            policy.ready()
+        else:
+            wait_http(f"{url}/health", timeout=600, proc=server)  # minutes on a busy CPU
+            serve(url, 0, vllm_model)
+        print(f"pipeline up (logs in {log_dir}); inference server {url}", flush=True)
+        yield url
     finally:
         procs.stop_all()
+
+
+def serve(url: str, version: int, model: Path) -> None:
+    """Have the server at `url` serve `model` as `version`, through the controller's path."""
+    from rollstream.inference.controller import apply_policy
+
+    event = {"version": version, "kind": "full", "uri": str(model), "step_id": "base",
+             "metrics": {}, "created_at_ms": 0}
+    [applied] = asyncio.run(apply_policy(event, [url]))
+    if not applied.ok:
+        sys.exit(f"{url} could not serve {model} as version {version}: {applied.detail}")
+
+
+def served_version(url: str, wanted: int, timeout_s: float = 300.0) -> int | None:
+    """The version the server reports once it is `wanted` (the controller applies it), or the
+    last it reported when `timeout_s` passed."""
+    from rollstream.inference.controller import current_version
+
+    async def poll() -> int | None:
+        async with aiohttp.ClientSession() as session:
+            deadline = time.monotonic() + timeout_s
+            while True:
+                version = await current_version(session, url)
+                if version == wanted or time.monotonic() > deadline:
+                    return version
+                await asyncio.sleep(1)
+
+    return asyncio.run(poll())
 
 
 def committed_versions(settings: Settings) -> list[int]:

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from rollstream.config import load
+from tests.helpers import vllm_server
 from tests.helpers.trainers_env import committed_versions, use_trainers
 
 use_trainers()
@@ -61,6 +62,17 @@ def test_trl_scripts_train_and_commit_a_version_per_step(
     versions = committed_versions(job)
     assert [v["version"] for v in versions] == [1, 2]
     assert all(Path(v["uri"]).exists() for v in versions)  # the weights each version names
+
+
+@pytest.mark.vllm
+def test_trl_script_on_vllm_has_the_server_serve_the_versions_it_publishes(
+        bootstrap: str, tmp_path: Path) -> None:
+    reason = vllm_server.impossible()
+    if reason is not None:
+        pytest.skip(reason)
+    out = run("trl_grpo.py", bootstrap, tmp_path, "--steps", "2", "--vllm")
+    assert "published versions [1, 2]" in out
+    assert re.search(r"http://\S+ serves version 2\n", out), out[-2000:]
 
 
 def test_offpolicy_script_replays_whole_groups_once_and_trains_on_them(
