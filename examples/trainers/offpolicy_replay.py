@@ -5,9 +5,10 @@ batches (none here: run 2 samples nothing), and commits each step's PolicyVersio
 
     python examples/trainers/offpolicy_replay.py --min-reward 0.1
 
-Starts what it needs: the bundled Kafka broker (or uses --bootstrap-servers), two fresh jobs'
-topics, and run 1's pipeline as processes. Replaying again copies nothing twice (shown); the
-training ends once neither side has had a batch for --idle-timeout seconds.
+Starts what it needs: the bundled Kafka broker (or uses --bootstrap-servers), two jobs' topics
+(run 1's prefix, fresh or --prefix, and `<it>-run2`), and run 1's pipeline as processes.
+Replaying again copies nothing twice (shown); the training ends once neither side has had a
+batch for --idle-timeout seconds.
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     from trainer_bridge.trainer import GRPOTrainer, TinyPolicy
 
     run1 = common.settings_for(args)
-    run2 = common.settings_for(Namespace(bootstrap_servers=run1.bootstrap_servers, prefix=None))
+    run2 = common.settings_for(Namespace(bootstrap_servers=run1.bootstrap_servers,
+                                         prefix=f"{run1.prefix}-run2"))
     expected = args.tasks * args.group_size
     with common.work_dir(args) as work:
         with common.pipeline(run1, work / "logs"):
