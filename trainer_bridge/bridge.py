@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
+import weakref
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -36,7 +37,7 @@ from rollstream.consume.deadletters import Encoder, dead_letter
 from rollstream.consume.loop import ConsumeLoop
 from rollstream.consume.records import Output
 from rollstream.contracts.codec import DecodeError, codec
-from rollstream.contracts.events import SCORED_TRAJECTORY
+from rollstream.contracts.events import POLICY_VERSION, SCORED_TRAJECTORY
 from rollstream.contracts.graph import BRIDGE
 from trainer_bridge.groups import Group, GroupAssembler, GroupPolicy, Sample
 
@@ -85,6 +86,11 @@ class TrainerBridge:
 
     def __init__(self, settings: Settings, groups_per_batch: int = 4,
                  policy: GroupPolicy | None = None, group: str | None = None) -> None:
+        if not settings.bootstrap_servers:
+            # The CLI's words (imported only here: the CLI package is heavy to import).
+            from rollstream.cli.common import NO_BROKER
+
+            raise ValueError(NO_BROKER)
         self.settings = settings
         self.topic = settings.topics.scored
         self.groups_per_batch = groups_per_batch
@@ -99,6 +105,10 @@ class TrainerBridge:
         self._holds: Counter[int] = Counter()
         self.loop = ConsumeLoop(settings, self.topic, group or settings.topics.group(BRIDGE),
                                 BRIDGE, self)
+        # A bridge never closed (opened without `with`, then an exception) is closed at
+        # interpreter exit, while Python still runs: left to the Kafka clients' own teardown,
+        # such a process spun at exit and never ended.
+        self._closer = weakref.finalize(self, ConsumeLoop.close, self.loop)
         self.loop.open()
 
     @property
@@ -217,6 +227,10 @@ class TrainerBridge:
                          "handed out: their samples go to the next owner")
         self._finished(batch.samples)
         self._commit(outputs)
+        # The trainer's version is what it committed last (the staleness bound's reference).
+        versions = [o.value["version"] for o in outputs
+                    if o.record == POLICY_VERSION and isinstance(o.value, dict)]
+        self.current_version = max([self.current_version, *versions])
 
     def _commit(self, outputs: list[Output]) -> None:
         """Commit finished offsets with the outputs (and pending dead letters), atomically."""
@@ -233,8 +247,8 @@ class TrainerBridge:
 
     def close(self) -> None:
         """Leave the group and let the producer go (bounded: a cluster that does not answer
-        cannot keep the trainer from stopping)."""
-        self.loop.close()
+        cannot keep the trainer from stopping). Only the first call does anything."""
+        self._closer()
 
     def __enter__(self) -> TrainerBridge:
         return self

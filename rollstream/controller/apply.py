@@ -61,6 +61,15 @@ class ApplyError(RuntimeError):
     """A server refused or failed a step of a weight update; the message names the step."""
 
 
+class WrongCheckpoint(SystemExit):
+    """A server refuses the published checkpoint as the wrong kind (it will every time): the
+    controller stops with this one message (a SystemExit: no retrying handler holds it)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
 @dataclass
 class Applied:
     server: str
@@ -133,15 +142,34 @@ async def _apply_steps(session: aiohttp.ClientSession, url: str,
                 raise ApplyError("the embedded policy server has no LoRA support: its adapters "
                                  "are full weight sets (publish kind full with --adapter)")
             detail = await _load_lora(session, url, version, event["uri"], models, adapter)
-        elif adapter and embedded:
-            detail = await _load_lora(session, url, version, event["uri"], models, adapter)
+        elif embedded:
+            try:
+                if adapter:
+                    detail = await _load_lora(session, url, version, event["uri"], models,
+                                              adapter)
+                else:
+                    await _call(session, "POST", url, "/v1/load_weights",
+                                {"path": event["uri"], "version": version})
+                    detail = "load_weights"
+            except ApplyError as exc:
+                # A checkpoint of the other kind is refused every time: stop, saying which
+                # server loads it, rather than asking again at every health check. (A missing
+                # .safetensors file may still be on its way, so that one is retried.)
+                uri = str(event["uri"])
+                if "HTTP 400" in str(exc) and ("not a Rollstream policy checkpoint" in str(exc)
+                                               or not uri.endswith(".safetensors")):
+                    raise WrongCheckpoint(
+                        f"policy v{version}: {url} is the embedded policy server, which loads "
+                        "Rollstream policy checkpoints (one .safetensors file, as `rollstream "
+                        f"train` writes them); {uri} is not one. A Hugging Face checkpoint "
+                        "(a save_pretrained directory, as `rollstream train --hf-model` and "
+                        "the TRL adapter write) is loaded by vLLM: serve the model with vLLM "
+                        "and list it in --policy-url (docs/inference.md). The server "
+                        f"answered: {exc}") from exc
+                raise
         elif adapter:
             raise ApplyError(f"job adapter {adapter!r}: full weights would replace the base "
                              f"model every job on this server shares; publish LoRA versions")
-        elif embedded:
-            await _call(session, "POST", url, "/v1/load_weights",
-                        {"path": event["uri"], "version": version})
-            detail = "load_weights"
         else:
             detail = await _reload_vllm(session, url, version, event["uri"], models)
     except (aiohttp.ClientError, TimeoutError, ApplyError) as exc:

@@ -17,11 +17,14 @@
   eject it too, until a later health check finds it answering again.
 - Jobs: a router serves one job's episodes; `adapter` is the job's LoRA adapter base name on
   shared servers. Every request names that job's newest adapter on the server
-  (`<adapter>-v<N>`, rollstream.contracts.wire), never another job's. A server that lists none of
-  the job's adapters is not usable for the job (it takes none of its episodes, and `capacity()`
-  counts it as full), and when no healthy server has one, a turn waits for the controller to
-  load it as it waits out a weight update, rather than failing as infra. With no `adapter`
-  (the default) a server's newest `rollstream-policy-v<N>`, or else its base model, serves.
+  (`<adapter>-v<N>`, rollstream.contracts.wire), never another job's. Until a server lists a
+  first one (a new job, before its trainer's first version), the job samples the servers' base
+  model: its turns record no adapter and policy version 0. From then on a server that lists
+  none of the job's adapters is not usable for the job (it takes none of its episodes, and
+  `capacity()` counts it as full), and when no healthy server has one, a turn waits for the
+  controller to load it as it waits out a weight update, rather than failing as infra. Which
+  adapter a server lacks is logged once per server and adapter. With no `adapter` (the
+  default) a server's newest `rollstream-policy-v<N>`, or else its base model, serves.
 - Policy version: a response's `X-Rollstream-Policy-Version` header (embedded server, or vLLM
   with rollstream.vllm_middleware) is exact. A server with Rollstream LoRA adapters is sent the
   newest adapter by name, and that adapter's version is the turn's. vLLM 0.33's own labels
@@ -91,7 +94,7 @@ def labelled_version(spans: Sequence[Mapping[str, Any]]) -> int:
 class Server:
     url: str
     client: InferenceClient
-    needs_adapter: bool = False  # the job names an adapter: only a server with it is of use
+    needs_adapter: bool = False  # the job has an adapter version: only servers with one serve
     healthy: bool = False  # until the first health check or successful request says otherwise
     removed: bool = False  # no longer listed: takes no new episodes, finishes its requests
     episodes: int = 0  # episodes pinned here now
@@ -135,6 +138,10 @@ class Router:
         self.servers: dict[str, Server] = {}
         self.pins: dict[str, Server] = {}  # episode id → its server
         self.migrations = 0
+        # The job's newest adapter any server listed so far (version, name); None: none yet,
+        # so the job samples the base model.
+        self.newest_adapter: tuple[int, str] | None = None
+        self._lack_logged: set[tuple[str, str]] = set()  # (server, adapter) said once
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -230,7 +237,9 @@ class Router:
         server.healthy = True
         metrics.inference_request(server.url, ok=True)
         completion.adapter = lora[0] if lora else None
-        if completion.policy_version is not None:
+        if self.adapter and lora is None:
+            completion.policy_version = 0  # the base model, before the job's first version
+        elif completion.policy_version is not None:
             server.stamps_versions = True
         elif lora is not None:
             completion.policy_version = lora[1]  # the adapter the request named
@@ -284,7 +293,7 @@ class Router:
         for url in listed:
             if url not in self.servers:
                 self.servers[url] = Server(url, InferenceClient(url, timeout_s=self.timeout_s),
-                                           needs_adapter=bool(self.adapter))
+                                           needs_adapter=self.newest_adapter is not None)
                 log.info("server %s added", url)
             self.servers[url].removed = False
         for url, server in list(self.servers.items()):
@@ -295,6 +304,31 @@ class Router:
                 del self.servers[url]
                 await server.client.close()
         await asyncio.gather(*(self._probe(s) for s in self.servers.values() if not s.removed))
+        if self.adapter:
+            self._adapters_seen()
+
+    def _adapters_seen(self) -> None:
+        """Once a server lists one of the job's adapters, servers without one are of no use to
+        the job; say once per server and adapter which one a server lacks."""
+        listed = [s.lora for s in self.servers.values() if s.lora is not None]
+        newest = max(((v, name) for name, v in listed), default=None)
+        if newest is not None and (self.newest_adapter is None or newest > self.newest_adapter):
+            self.newest_adapter = newest
+        wanted = (self.newest_adapter[1] if self.newest_adapter is not None
+                  else f"{self.adapter}-v<N>")
+        for server in self.servers.values():
+            server.needs_adapter = self.newest_adapter is not None
+            if not server.healthy or server.removed or server.lora is not None or (
+                    server.url, wanted) in self._lack_logged:
+                continue
+            self._lack_logged.add((server.url, wanted))
+            if self.newest_adapter is None:
+                log.info("server %s lists no %s adapter yet: the job samples its base model "
+                         "(policy version 0) until the controller loads the job's first version",
+                         server.url, wanted)
+            else:
+                log.warning("server %s lacks %s (the job's newest adapter): not usable for this "
+                            "job until the controller loads it", server.url, wanted)
 
     async def _probe(self, server: Server) -> None:
         try:
@@ -316,12 +350,10 @@ class Router:
         adapters = [(lora_version(str(m.get("id", "")), self.adapter), str(m.get("id")))
                     for m in models]
         newest = max(((v, name) for v, name in adapters if v is not None), default=None)
-        lacked = server.lacks_adapter
+        held = server.lora
         server.lora = (newest[1], newest[0]) if newest else None
-        if healthy and server.lacks_adapter != lacked:
-            log.info("server %s %s", server.url,
-                     f"lists no {self.adapter}-v<N> adapter: not usable for this job"
-                     if server.lora is None else f"holds {server.lora[0]}: usable for this job")
+        if healthy and server.lora is not None and held is None:
+            log.info("server %s holds %s: usable for this job", server.url, server.lora[0])
         if healthy:
             server.weight_label = label
         metrics.server_probed(server)

@@ -77,30 +77,64 @@ def test_each_jobs_turns_go_to_its_own_newest_adapter_never_anothers() -> None:
         assert {t["termination"] for t in trajectories} <= {"DONE", "MAX_TURNS"}
 
 
-def test_a_server_without_the_jobs_adapter_takes_none_of_its_episodes() -> None:
-    server = SimulatedServer(version=None, adapters=[lora_name(4, "job-b")])
+def test_a_new_jobs_adapter_the_base_model_until_its_first_version_then_only_servers_with_it(
+        caplog: pytest.LogCaptureFixture) -> None:
+    holder = SimulatedServer(version=None, adapters=[lora_name(4, "job-b")])
+    other = SimulatedServer(version=None, adapters=[])
 
     async def main(fleet: Fleet) -> None:
         router = Router(fleet.urls, max_episodes=4, health_interval_s=60, adapter="job-a")
         await router.start()
         try:
-            [probed] = router.servers.values()
-            assert probed.healthy and not probed.usable and probed.lacks_adapter
-            assert router.capacity() == 0 and router.pin("e1") is None
-            # Waited out like a weight update (the controller loads it), never an infra loop.
-            with pytest.raises(AdapterMissing, match="job-a-v<N>"):
-                await router.complete("e1", [1, 2], {"max_tokens": 4}, [260])
-            server.adapters.append(lora_name(1, "job-a"))
+            # No job-a version anywhere (a job created with --adapter, before any training):
+            # every server serves it, from the base model, as version 0 with no adapter.
+            assert router.capacity() == 8
+            for e in ("e1", "e2", "e3"):
+                completion = await router.complete(e, [1, 2], {"max_tokens": 4}, [260])
+                assert (completion.adapter, completion.policy_version) == (None, 0)
+                router.release(e)  # the episode ended
+            await router.check()  # said once per server and adapter, not at every check
+            holder.adapters.append(lora_name(1, "job-a"))
             await router.check()
+            await router.check()
+            [a, b] = router.servers.values()
+            assert a.usable and not b.usable and b.lacks_adapter
             assert router.capacity() == 4
-            completion = await router.complete("e1", [1, 2], {"max_tokens": 4}, [260])
+            completion = await router.complete("e4", [1, 2], {"max_tokens": 4}, [260])
             assert (completion.adapter, completion.policy_version) == ("job-a-v1", 1)
+            # Its adapter gone from every server: waited out like a weight update (the
+            # controller loads it again), never the base model again, never an infra loop.
+            holder.adapters.remove(lora_name(1, "job-a"))
+            await router.check()
+            assert router.capacity() == 0 and router.pin("e5") is None
+            with pytest.raises(AdapterMissing, match="job-a-v<N>"):
+                await router.complete("e5", [1, 2], {"max_tokens": 4}, [260])
         finally:
             await router.close()
 
-    with Fleet([server]) as fleet:
+    with caplog.at_level("INFO", "rollstream.inference.routing"), Fleet([holder, other]) as fleet:
         asyncio.run(main(fleet))
-    assert sampled_models(server) == {"job-a-v1"}
+    said = [r.getMessage() for r in caplog.records if "job-a" in r.getMessage()]
+    assert sorted(m for m in said if "lists no job-a-v<N> adapter yet" in m) == sorted(
+        f"server {s.url} lists no job-a-v<N> adapter yet: the job samples its base model "
+        "(policy version 0) until the controller loads the job's first version"
+        for s in (holder, other))
+    assert [m for m in said if "lacks" in m] == [
+        f"server {other.url} lacks job-a-v1 (the job's newest adapter): not usable for this "
+        "job until the controller loads it",
+        f"server {holder.url} lacks job-a-v1 (the job's newest adapter): not usable for this "
+        "job until the controller loads it"]
+    assert sampled_models(holder) | sampled_models(other) == {"sim-model", "job-a-v1"}
+
+
+def test_a_job_created_with_an_adapter_plays_its_episodes_before_any_training() -> None:
+    with Fleet([SimulatedServer(version=None, adapters=[lora_name(3, "job-b")])]) as fleet:
+        trajectories, _ = asyncio.run(play(run_settings(fleet.urls, adapter="job-new"),
+                                           guess_episodes(12)))
+    assert len(trajectories) == 12
+    assert {t["termination"] for t in trajectories} <= {"DONE", "MAX_TURNS"}
+    assert {(t["adapter"], t["policy_version"]) for tr in trajectories
+            for t in tr["turns"]} == {(None, 0)}
 
 
 def test_controller_loads_and_unloads_one_jobs_adapters_only() -> None:

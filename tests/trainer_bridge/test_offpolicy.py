@@ -5,6 +5,7 @@ each token keeps the old version that sampled it. Replayed and fresh batches mix
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,15 +16,19 @@ import torch
 
 from rollstream.cluster.topics import create_topics, delete_topics
 from rollstream.config import Settings, load
+from rollstream.consume.records import Output
 from rollstream.contracts.codec import unpack_logprobs
+from rollstream.contracts.events import POLICY_VERSION
 from tests.helpers.scored_factory import scored, turn
-from tests.helpers.trainers_env import publish_scored
+from tests.helpers.trainers_env import committed_versions, publish_scored
 from trainer_bridge.bridge import TrainerBridge
 from trainer_bridge.offpolicy import importance_ratios, mixed, replay_scored, replay_settings
 from trainer_bridge.tensors import to_tensors
 from trainer_bridge.trainer import GRPOTrainer, TinyPolicy
 
 GROUP = 4
+# Joining the two bridges' groups and the copy's reads, on a busy machine.
+JOIN_BOUND_S = 60
 
 
 def _run1_log(version: int, tasks: int, rewards: list[float], tag: str) -> list[dict]:
@@ -101,3 +106,33 @@ def test_mixing_replayed_and_fresh_batches_in_a_set_share(
     assert sum(order) == 2 and len(order) == 8  # one replayed batch in four
     with pytest.raises(ValueError, match="replay_share"):
         next(mixed(fresh, replayed, replay_share=1.5))
+
+
+def test_reward_filters_keep_whole_groups_copied_once_and_replay_flows_without_fresh_data(
+        settings: Settings, run2: Settings, tmp_path: Path) -> None:
+    # Each group has rewards below and above 0.5: filtering samples by reward left groups
+    # incomplete and without variance (0 steps); whole groups pass on their mean reward.
+    publish_scored(settings, _run1_log(1, 2, [0.0, 1.0, 0.25, 1.0], "good")  # mean 0.5625
+                   + _run1_log(1, 2, [0.0, 1.0, 0.0, 0.0], "bad"))          # mean 0.25
+    assert replay_scored(settings, run2, min_reward=0.5) == 2 * GROUP
+    assert replay_scored(settings, run2, min_reward=0.5) == 0  # copied already
+    assert replay_scored(settings, run2) == 2 * GROUP  # only the groups not there yet
+
+    trainer = GRPOTrainer(TinyPolicy(seed=0), tmp_path / "ckpt", version=3)
+    trained: list[str] = []
+    started = time.monotonic()
+    # No fresh data at all: the replayed batches still come, and the iteration ends once both
+    # sides stayed empty for the idle timeout instead of waiting on the fresh side for ever.
+    with TrainerBridge(replay_settings(run2), 1) as replayed, \
+            TrainerBridge(run2, 1) as fresh:
+        for batch in mixed(fresh, replayed, replay_share=0.25, idle_timeout_s=5):
+            assert [len(g.samples) for g in batch.groups] == [GROUP]
+            event = trainer.step(batch)
+            batch.ack([Output(run2.topics.policy, "policy", POLICY_VERSION, event)])
+            trained.append(batch.groups[0].task_id)
+            # The trainer's version, acknowledged through either bridge, is both bridges'.
+            assert replayed.current_version == event["version"]
+        assert fresh.current_version == replayed.current_version == 3 + len(trained)
+    assert time.monotonic() - started < 5 + JOIN_BOUND_S
+    assert sorted(t.split("-v")[0] for t in trained) == ["bad", "bad", "good", "good"]
+    assert [e["version"] for e in committed_versions(run2)] == [4, 5, 6, 7]

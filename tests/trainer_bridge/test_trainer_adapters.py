@@ -145,7 +145,7 @@ def slime_types(monkeypatch: pytest.MonkeyPatch) -> tuple[type, type]:
 
 def test_slime_generate_rollout_returns_slimes_types_and_commits_at_the_next_call(
         settings: Settings, tiny: tiny_model.TinyModel, slime_types: tuple[type, type],
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     from trainer_bridge.adapters import slime_adapter
 
     sample_cls, output_cls = slime_types
@@ -157,13 +157,19 @@ def test_slime_generate_rollout_returns_slimes_types_and_commits_at_the_next_cal
     monkeypatch.setenv("ROLLSTREAM_PARTITIONS", str(settings.partitions))
     monkeypatch.setenv("ROLLSTREAM_SLIME_GROUPS", "2")
     monkeypatch.setattr(slime_adapter, "_state", {})
-    with pytest.raises(ValueError, match="training rollouts only"):
+    # slime evaluates with the rollout function unless told otherwise: the answer names how.
+    with pytest.raises(ValueError, match="training rollouts only.* set --eval-function-path "
+                                         "slime.rollout.sglang_rollout.generate_rollout"):
         slime_adapter.generate_rollout(None, 0, None, evaluation=True)
     try:
-        first = slime_adapter.generate_rollout(None, 0, None)
-        second = slime_adapter.generate_rollout(None, 1, None)  # slime trained on the first
+        with caplog.at_level("WARNING", "rollstream.bridge.slime"):
+            first = slime_adapter.generate_rollout(None, 0, None)
+            second = slime_adapter.generate_rollout(None, 1, None)  # slime trained on the first
     finally:
         slime_adapter._state["bridge"].close()
+    said = [r.getMessage() for r in caplog.records if r.name == "rollstream.bridge.slime"]
+    assert len(said) == 1 and f"nothing is published to {settings.topics.policy}" in said[0]
+    assert committed_versions(settings) == []
     seen: list[str] = []
     for out in (first, second):
         assert isinstance(out, output_cls)

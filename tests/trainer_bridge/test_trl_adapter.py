@@ -7,7 +7,6 @@ CUDA-only pieces replaced here (see `cpu_async_grpo`)."""
 from __future__ import annotations
 
 import time
-import types
 from pathlib import Path
 
 import pytest
@@ -54,38 +53,17 @@ def test_grpo_trainer_trains_five_steps_from_the_scored_topic(
         assert list(again.batches(idle_timeout_s=3)) == []
 
 
-def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor,
-                     cu_k: torch.Tensor, max_q: int, max_k: int, softmax_scale: float | None = None,
-                     causal: bool = True, window_size: tuple[int, int] = (-1, -1),
-                     **_: object) -> torch.Tensor:
-    """FlashAttention's `flash_attn_varlen_func` in plain torch: each segment's queries (rows
-    cu_q[s]:cu_q[s+1] of q) attend to its keys (cu_k[s]:cu_k[s+1]), causal aligned bottom-right
-    as the kernel is (query i of Lq sees keys up to i + Lk - Lq), grouped-query heads shared."""
-    assert causal and window_size == (-1, -1), "the stand-in covers what the tiny model uses"
-    out = []
-    for s in range(len(cu_q) - 1):
-        qs, ks, vs = (x[c[s]:c[s + 1]].transpose(0, 1)
-                      for x, c in ((q, cu_q), (k, cu_k), (v, cu_k)))
-        ks, vs = (x.repeat_interleave(qs.shape[0] // x.shape[0], 0) for x in (ks, vs))
-        lq, lk = qs.shape[1], ks.shape[1]
-        mask = torch.ones(lq, lk, dtype=torch.bool).tril(lk - lq)
-        out.append(torch.nn.functional.scaled_dot_product_attention(
-            qs, ks, vs, attn_mask=mask, scale=softmax_scale).transpose(0, 1))
-    return torch.cat(out)
-
-
 @pytest.fixture
 def cpu_async_grpo(monkeypatch: pytest.MonkeyPatch) -> None:
     """What keeps TRL 1.16's AsyncGRPOTrainer off a CPU, replaced for this test only: the
     FlashAttention-3 kernel its tree attention fetches from a model hub at run time (CUDA only)
-    by `varlen_attention`, TRL's own tree attention around it unchanged; and the peak-flops
+    by `trl_cpu.varlen_attention`, TRL's own tree attention around it unchanged; and the peak-flops
     lookup by `torch.cuda.get_device_name` by "unknown", the answer TRL gives for a device it
     does not know (its MFU metrics are then left out)."""
-    from trl.experimental.async_grpo import async_grpo_trainer, packing
+    from trainer_bridge.adapters import trl_cpu
 
-    monkeypatch.setattr(packing, "_flash_attn",
-                        lambda: types.SimpleNamespace(flash_attn_varlen_func=varlen_attention))
-    monkeypatch.setattr(async_grpo_trainer, "get_peak_flops_per_device", lambda *_: None)
+    for module, name, replacement in trl_cpu.replacements():
+        monkeypatch.setattr(module, name, replacement)
 
 
 def test_async_grpo_trainer_trains_through_the_rollout_worker(

@@ -8,19 +8,33 @@ source defines them (tokens = prompt + response, `loss_mask` and `rollout_log_pr
 response only, `weight_versions` one per response token). The tests check it against those
 field lists, read from slime's source.
 
-Set `ROLLSTREAM_SLIME_GROUPS` (groups per rollout, default the bridge's groups_per_batch) and
-the usual Rollstream environment (bootstrap servers, prefix). The batch a call returns is
+Set `ROLLSTREAM_SLIME_GROUPS` (groups per rollout, default 4) and the usual Rollstream
+environment (KAFKA_BOOTSTRAP_SERVERS, ROLLSTREAM_PREFIX). The batch a call returns is
 acknowledged at the next call: slime calls the function again only after training on the last.
+slime's evaluation calls are refused with the setting that routes them elsewhere
+(`--eval-function-path`). slime syncs its weights to its own rollout servers, so no
+PolicyVersion is published (said once, at the first call).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
 from trainer_bridge.adapters.sequences import split
 from trainer_bridge.bridge import Batch, TrainerBridge
 from trainer_bridge.groups import Group, Sample
+
+log = logging.getLogger("rollstream.bridge.slime")
+
+# slime evaluates with the rollout function unless told otherwise: the setting that changes it.
+EVAL_REFUSED = (
+    "slime called the Rollstream rollout function for evaluation: it serves training rollouts "
+    "only (its batches are acknowledged as trained). slime's --eval-function-path defaults to "
+    "--rollout-function-path: set --eval-function-path "
+    "slime.rollout.sglang_rollout.generate_rollout to evaluate on slime's own servers, or "
+    "leave --eval-interval unset")
 
 _state: dict[str, Any] = {}  # the bridge and the batch handed out last, across slime's calls
 
@@ -64,13 +78,17 @@ def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: b
     from slime.utils.types import Sample as SlimeSample
 
     if evaluation:
-        raise ValueError("the Rollstream rollout function serves training rollouts only")
+        raise ValueError(EVAL_REFUSED)
     bridge = _state.get("bridge")
     if bridge is None:
         from rollstream.config import load
 
         groups = int(os.environ.get("ROLLSTREAM_SLIME_GROUPS", "0")) or 4
         bridge = _state["bridge"] = TrainerBridge(load(), groups)
+        log.warning("slime updates the weights of its own rollout servers: batches are "
+                    "committed without a PolicyVersion, so nothing is published to %s and "
+                    "Rollstream's inference servers keep the weights they have",
+                    bridge.settings.topics.policy)
     last: Batch | None = _state.pop("batch", None)
     if last is not None:
         last.ack()
@@ -79,6 +97,15 @@ def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: b
     _state["batch"] = batch
     samples = [[_slime_sample(SlimeSample, f) for f in row] for row in group_fields(batch.groups)]
     return RolloutFnTrainOutput(samples=samples, metrics=dict(bridge.stats))
+
+
+def close() -> None:
+    """Close the rollout function's bridge; the batch handed out last stays uncommitted, so the
+    next rollout function gets it again."""
+    _state.pop("batch", None)
+    bridge = _state.pop("bridge", None)
+    if bridge is not None:
+        bridge.close()
 
 
 def _slime_sample(cls: Any, fields: dict[str, Any]) -> Any:

@@ -55,6 +55,18 @@ def start_from(settings: Settings, base: Path) -> tuple[Path, int]:
     return (Path(latest["uri"]), latest["version"]) if latest is not None else (base, 0)
 
 
+def check_start(settings: Settings, version: int) -> None:
+    """Refuse to start below the newest committed version: the versions this trainer publishes
+    would come after newer ones (1 and 2 after 5), and the servers never go back to them."""
+    latest = policy_versions.latest(settings)
+    if latest is not None and latest["version"] > version:
+        raise ValueError(
+            f"{settings.topics.policy} holds version {latest['version']} already and this "
+            f"trainer starts at version {version}: start from the newest committed weights, "
+            "`start, version = trl_adapter.start_from(settings, base_model_dir)`, load `start` "
+            "and pass `version` (or use a fresh prefix)")
+
+
 def version_event(settings: Settings, version: int, uri: Path, step_id: str,
                   metrics: dict[str, float]) -> tuple[Output, PolicyVersion]:
     """The PolicyVersion of a step, and the output its batch's ack commits it as."""
@@ -91,6 +103,7 @@ class BridgeRollouts:
 
     def __init__(self, bridge: TrainerBridge, checkpoint_dir: Path, version: int = 0,
                  idle_timeout_s: float | None = None) -> None:
+        check_start(bridge.settings, version)
         self.bridge = bridge
         self.settings = bridge.settings
         self.checkpoint_dir = Path(checkpoint_dir)
@@ -228,10 +241,16 @@ class RolloutWorker:
     TRL's numbering, so its staleness check compares like with like. The bridge's staleness
     bound (GroupPolicy.max_staleness) should be the trainer's or tighter, so that the trainer
     drops none and the count holds. The bridge is used only from the worker's thread.
+
+    Give the trainer `AsyncGRPOConfig(token_budget=0)` (each micro-batch
+    `per_device_train_batch_size` samples) or a positive per-row token cap: its default, None,
+    asks TRL's vLLM server for its max_model_len and waits up to `vllm_server_timeout` (240 s)
+    for one, which a worker fed by Rollstream does not need.
     """
 
     def __init__(self, bridge: TrainerBridge, samples_per_step: int, weights: SavedWeights,
                  version: int = 0, sync_steps: int = 1, max_batches_ahead: int = 2) -> None:
+        check_start(bridge.settings, version)
         self.bridge = bridge
         self.samples_per_step = samples_per_step
         self.weights = weights
@@ -256,8 +275,11 @@ class RolloutWorker:
         self._thread.start()
 
     def stop(self) -> None:
+        """Stop the worker; a no-op before `start` (TRL stops it when its setup failed, and
+        that failure is the error to see)."""
         self._stop.set()
-        self._thread.join(30)
+        if self._thread.ident is not None:
+            self._thread.join(30)
 
     def update_model_version(self, model_version: int) -> None:
         self._versions.put(model_version)
