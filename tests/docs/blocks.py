@@ -225,6 +225,16 @@ def parse(path: Path, pages: Pages | None = None) -> Document:
     return document
 
 
+def mark_reason(directive: Example) -> str:
+    """The reason of a `<!-- skip: next "REASON" -->` directive (only that form is used)."""
+    action, arguments = directive.parsed
+    if action != "next" or not arguments:
+        raise ValueError(f"{directive.path}:{directive.line}: write marks as "
+                         '<!-- skip: next "why, and the test that runs the same commands" -->')
+    # Sybil evaluates the reason as a Python expression: here, a string literal.
+    return str(ast.literal_eval(arguments))
+
+
 @dataclass
 class Block:
     page: str
@@ -239,9 +249,7 @@ def blocks() -> Iterator[Block]:
         reason: str | None = None
         for example in parse(path):
             if isinstance(example.region.evaluator, Skipper):
-                action, arguments = example.parsed
-                # Sybil evaluates the reason as a Python expression: here, a string literal.
-                reason = ast.literal_eval(arguments) if action == "next" and arguments else None
+                reason = mark_reason(example)
                 continue
             language = example.region.lexemes.get("arguments") or "python"
             yield Block(str(path.relative_to(ROOT)), example.line, language, reason)

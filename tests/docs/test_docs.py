@@ -8,8 +8,18 @@ from pathlib import Path
 
 import pytest
 from sybil import Example
+from sybil.evaluators.skip import Skipper
 
-from tests.docs.blocks import PAGES, ROOT, TEST_PATH, TRAINER_PAGES, Pages, blocks, parse
+from tests.docs.blocks import (
+    PAGES,
+    ROOT,
+    TEST_PATH,
+    TRAINER_PAGES,
+    Pages,
+    blocks,
+    mark_reason,
+    parse,
+)
 
 # A page's blocks run in order, in one worker: the whole module goes to one (--dist loadfile).
 pytestmark = pytest.mark.timeout(900)
@@ -19,11 +29,20 @@ _DOCUMENTS = [parse(path, _PAGES) for path in PAGES]
 
 
 def _params() -> Iterator[object]:
+    """One test per code block, in page order; a block marked as not run skips with its
+    reason (the directive is read here, so selecting one block with -k still honours it)."""
     for document in _DOCUMENTS:
         name = str(Path(document.path).relative_to(ROOT))
-        marks = [pytest.mark.trainers] if name in TRAINER_PAGES else []
+        reason = None
         for example in document:
+            if isinstance(example.region.evaluator, Skipper):
+                reason = mark_reason(example)
+                continue
+            marks = [pytest.mark.trainers] if name in TRAINER_PAGES else []
+            if reason is not None:
+                marks.append(pytest.mark.skip(reason=reason))
             yield pytest.param(example, id=f"{name}:{example.line}", marks=marks)
+            reason = None
 
 
 @pytest.fixture(scope="module")
