@@ -27,7 +27,9 @@ FIELD_FLAGS: dict[str, tuple[type, str]] = {
     "priority": (int, "higher takes free slots first; never preempts (default 0)"),
     "quota_episodes": (int, "episodes in flight in RUN's fleet at most (default 0: none)"),
     "quota_sandboxes": (int, "sandboxes at once at most (default 0: none)"),
-    "quota_tasks_queued": (int, "tasks admitted beyond what the trainer consumed (0: none)"),
+    "quota_tasks_queued": (int, "tasks INIT has expanded whose episodes RUN has not finished "
+                                "(waiting or running) at most: INIT takes no more of the job's "
+                                "tasks at the quota (default 0: none)"),
     "quota_turns_per_s": (float, "agent turns per second at most, over the RUN fleet "
                                  "(default 0: none)"),
     "admission_window": (int, "INIT admits at most this many tasks beyond what the trainer "
@@ -197,7 +199,8 @@ def _usage(args: argparse.Namespace) -> int:
         raise jobs.JobError(str(exc)) from None
     rows = usage.usage(settings, found.values(), since)
     if args.json:
-        print(json.dumps([row.as_json() for row in rows], indent=2))
+        for row in rows:  # one JSON object per job and hour, a line each
+            print(json.dumps(row.as_json()))
     elif rows:
         print(usage.table(rows))
     else:
@@ -270,7 +273,8 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     usage_cmd.add_argument("--since", metavar="WHEN",
                            help="from then on: a time ago (90m, 6h, 2d) or an ISO date/time, "
                                 "UTC unless it says (default: everything)")
-    usage_cmd.add_argument("--json", action="store_true", help="print the rows as JSON")
+    usage_cmd.add_argument("--json", action="store_true",
+                           help="one JSON object per job and hour, a line each")
     command("delete", _delete, "delete a paused, cancelled or finished job's record",
             "Write the job's tombstone; its topics and their data are kept (delete them with "
             "your cluster's tools once no trainer needs them).")

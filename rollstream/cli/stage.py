@@ -24,7 +24,7 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     for name, (what, groups) in STAGES.items():
         stage = names.add_parser(name, help=what, description=f"The {name.upper()} stage: {what}.")
         stage.add_argument("--drain-timeout", type=float, default=30.0,
-                           help="seconds to let in-flight events finish on SIGTERM")
+                           help="seconds to let in-flight events finish on SIGTERM (default 30)")
         config.add_arguments(stage, "kafka", "stage", "service", *groups)
         stage.set_defaults(func=run_stage)
 
