@@ -152,19 +152,22 @@ def _normalize_data(data: Any) -> str:
     return data if isinstance(data, str) else json.dumps(data)
 
 
-def _check_env(task: dict[str, Any], known: dict[str, Environment]) -> None:
-    """The task's environment exists and accepts its data: the check INIT makes, so a task it
-    would dead-letter (an arithmetic task without `answer`) is refused here, before sending."""
-    name = task["env"]
+def _check_env(name: str, known: dict[str, Environment]) -> Environment:
     if name not in known:
         try:
             known[name] = get_env(name)
         except UnknownEnv as exc:
             raise ValueError(f"field 'env': {exc}") from None
+    return known[name]
+
+
+def _check_env_data(task: dict[str, Any], known_envs: dict[str, Environment]) -> None:
+    """The task's environment accepts its data: the check INIT makes, so a task it would
+    dead-letter (an arithmetic task without `answer`) is refused before sending."""
     try:
-        known[name].validate_task(task)
+        _check_env(task["env"], known_envs).validate_task(task)
     except ValueError as exc:  # InvalidTask names the field
-        raise ValueError(f"env {name!r}: {exc}") from None
+        raise ValueError(f"env {task['env']!r}: {exc}") from None
 
 
 def validate_task(item: dict[str, Any], known_envs: dict[str, Environment] | None = None,
@@ -172,8 +175,8 @@ def validate_task(item: dict[str, Any], known_envs: dict[str, Environment] | Non
     """A complete Task (defaults filled, data as a JSON string); ValueError names the bad field.
 
     Beyond the schema, the task must meet the bounds of `settings` (rollstream.bounds; the
-    default settings when None), and its environment's own `validate_task`: the checks INIT
-    applies.
+    default settings when None), the same check INIT applies (`load_tasks` adds the
+    environment's own check of the task's data).
     """
     schema = codec().schemas[TASK]
     task = _fill_defaults(schema["fields"], schema["__named_schemas"], item)
@@ -181,7 +184,7 @@ def validate_task(item: dict[str, Any], known_envs: dict[str, Environment] | Non
         task["data"] = _normalize_data(item["data"])
     _check_types(schema, task)
     check_task(task, settings or Settings())
-    _check_env(task, {} if known_envs is None else known_envs)
+    _check_env(task["env"], {} if known_envs is None else known_envs)
     return task
 
 
@@ -200,6 +203,7 @@ def load_tasks(path: str | Path, fmt: str = "rollstream",
             if isinstance(item, ValueError):
                 raise item
             task = validate_task(item, known_envs, settings)
+            _check_env_data(task, known_envs)
             # Episode ids derive from task ids, so a duplicate would collide downstream.
             if task["task_id"] in first_seen:
                 raise ValueError(f"field 'task_id': duplicate {task['task_id']!r} "
