@@ -94,3 +94,33 @@ def test_status_renders_a_jobs_numbers() -> None:
             "sandbox time 0 s, staleness 1.5 versions on average") in text
     console.print(render({**snap, "job": {"name": "alpha"}}))  # no --metrics-url given
     assert "job alpha: give the fleet's --metrics-url" in console.export_text()
+
+
+def test_status_on_missing_topics_exits_78_naming_one(bootstrap: str) -> None:
+    """docs/security.md's table: the pipeline's topics missing is exit 78 with one line."""
+    out = subprocess.run(
+        [sys.executable, "-m", "rollstream.cli", "status", "--bootstrap-servers", bootstrap,
+         "--prefix", "status-nothing-here"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 78, out.stderr
+    assert "status-nothing-here.tasks" in out.stderr and "rollstream topics create" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_lag_leaves_out_an_aborted_transactions_records(settings: Settings) -> None:
+    """What a publish stopped by Ctrl-C leaves: many records in an aborted transaction. They
+    are no one's work, so INIT's lag stays 0 (more of them than the old exact-count limit)."""
+    from rollstream.cluster.kafka import transactional_producer
+    from rollstream.ops.status import Inspector
+
+    p = transactional_producer(settings, f"{settings.prefix}.test-aborted")
+    p.begin_transaction()
+    for i in range(25_000):
+        p.produce(settings.topics.tasks, b"x", key=str(i).encode())
+    p.flush(60)
+    p.abort_transaction(60)
+    inspector = Inspector(settings)
+    try:
+        init = inspector.stage("init", "init", "tasks")
+    finally:
+        inspector.close()
+    assert (init["lag"], init["lag_exact"]) == (0, True)
