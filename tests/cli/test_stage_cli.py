@@ -60,3 +60,40 @@ def test_run_does_not_warn_otherwise(servers: dict[str, str], caplog: pytest.Log
                 "down": load(policy_url="http://127.0.0.1:9")}[case]
     warn_without_tokenizer(settings)
     assert caplog.records == []
+
+
+def test_a_stage_on_a_missing_input_topic_says_so_every_30_s(bootstrap: str) -> None:
+    """Not ready, naming the topic, and said again every 30 s rather than once."""
+    import subprocess
+    import sys
+    import time
+    import urllib.error
+    import urllib.request
+    import uuid
+
+    from rollstream.dev.processes import free_port
+
+    port = free_port()
+    prefix = f"missing-{uuid.uuid4().hex[:6]}"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rollstream.cli", "stage", "eval", "--bootstrap-servers",
+         bootstrap, "--prefix", prefix, "--metrics-port", str(port)],
+        stderr=subprocess.PIPE, text=True)
+    said: list[float] = []
+    try:
+        deadline = time.monotonic() + 120
+        while len(said) < 2 and time.monotonic() < deadline:
+            line = proc.stderr.readline() if proc.stderr else ""
+            if f"input topic {prefix}.trajectories does not exist" in line:
+                said.append(time.monotonic())
+        assert len(said) == 2, "said fewer than twice in 120 s"
+        assert 25 < said[1] - said[0] < 45
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=5)
+            raise AssertionError("ready on a missing input topic")
+        except urllib.error.HTTPError as exc:
+            assert exc.code == 503
+            assert f"{prefix}.trajectories does not exist" in exc.read().decode()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
