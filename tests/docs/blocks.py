@@ -39,9 +39,10 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SHELLS = ("bash", "sh", "shell")
 # Pages whose blocks need the pinned trainers (`make trainer-deps`): run in the trainers' session.
 TRAINER_PAGES = {"docs/training.md"}
-# Pages that start brokers of their own (the secured one): a ROLLSTREAM_HOME of their own, so
-# they start from a fresh home as a new user's would and never touch the shared one.
-OWN_HOME_PAGES = {"docs/security.md"}
+# Pages that start or stop brokers of their own (the secured one, a 3-node cluster, `broker
+# stop`): a ROLLSTREAM_HOME of their own, so they start from a fresh home as a new user's would
+# and never touch the session's broker.
+OWN_HOME_PAGES = {"docs/security.md", "docs/operations.md"}
 BLOCK_TIMEOUT_S = 600.0
 STOP_GRACE_S = 15.0
 # Where a marked block's reason names the test that runs the same commands.
@@ -198,13 +199,16 @@ def python_evaluator(pages: Pages) -> object:
 
     def evaluate(example: Example) -> None:
         page = pages.of(example)
-        saved_env, saved_cwd = dict(os.environ), Path.cwd()
+        saved_env, saved_cwd, saved_path = dict(os.environ), Path.cwd(), list(sys.path)
         os.environ.clear()
         os.environ.update(page.env)
         os.chdir(page.cwd)
+        # As an interpreter started in that terminal: its PYTHONPATH first on the path.
+        sys.path[:0] = [p for p in page.env.get("PYTHONPATH", "").split(os.pathsep) if p]
         try:
             plain(example)
         finally:
+            sys.path[:] = saved_path
             os.chdir(saved_cwd)
             os.environ.clear()
             os.environ.update(saved_env)
