@@ -124,3 +124,29 @@ def test_lag_leaves_out_an_aborted_transactions_records(settings: Settings) -> N
     finally:
         inspector.close()
     assert (init["lag"], init["lag_exact"]) == (0, True)
+
+
+def test_a_server_only_assumed_says_where_runs_servers_come_from(settings: Settings) -> None:
+    """With no --policy-url and no RUN page, status can only probe the default URL: a DOWN
+    there says how to show RUN's own servers instead of reading as an outage."""
+    from dataclasses import replace
+
+    from rich.console import Console
+
+    from rollstream.ops.status import Inspector, render
+
+    for named, assumed in ((None, True), ("http://127.0.0.1:9", False)):
+        chosen = settings if named is None else replace(settings, policy_url=named)
+        inspector = Inspector(chosen)
+        try:
+            rows = inspector.servers()
+        finally:
+            inspector.close()
+        assert [row["assumed"] for row in rows] == [assumed]
+    console = Console(record=True, width=300)
+    console.print(render({"prefix": "p", "stages": [], "policy": None,
+                          "dlq": {"count": 0, "latest": []},
+                          "servers": [{"url": "http://127.0.0.1:8011", "healthy": False,
+                                       "load": {}, "assumed": True}]}))
+    assert ("server http://127.0.0.1:8011: DOWN (the default URL: RUN's servers are those its "
+            "--metrics-url page reports, or name them with --policy-url)") in console.export_text()
