@@ -28,6 +28,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from sybil import Document, Example
 from sybil.evaluators.python import PythonEvaluator
@@ -185,6 +186,34 @@ class Pages:
             delete_topics(kafka, page.prefix, whole_namespace=True)
 
 
+def page_module(*names: str) -> tuple[Pages, list[Any]]:
+    """For a test module of pages: their terminals (the `page` fixture sets them up and cleans
+    up) and one pytest param per code block, page after page, in order. A block marked as not
+    run skips with its reason (read here, so selecting one block with -k still honours it)."""
+    import pytest
+
+    pages = Pages(Path())
+    params = []
+    for name in names:
+        params += _page_params(name, pages, pytest)
+    return pages, params
+
+
+def _page_params(name: str, pages: Pages, pytest: Any) -> list[Any]:
+    params = []
+    reason = None
+    for example in parse(ROOT / name, pages):
+        if isinstance(example.region.evaluator, Skipper):
+            reason = mark_reason(example)
+            continue
+        marks = [pytest.mark.trainers] if name in TRAINER_PAGES else []
+        if reason is not None:
+            marks.append(pytest.mark.skip(reason=reason))
+        params.append(pytest.param(example, id=f"{name}:{example.line}", marks=marks))
+        reason = None
+    return params
+
+
 def shell_evaluator(pages: Pages) -> object:
     def evaluate(example: Example) -> None:
         page = pages.of(example)
@@ -260,7 +289,7 @@ def blocks() -> Iterator[Block]:
             reason = None
 
 
-DOC_TEST = "tests/docs/test_docs.py::test_block["
+DOC_TEST = re.compile(r"tests/docs/test_\w+\.py::test_block\[(.*)\]$")
 
 
 def summary_line(stats: dict[str, list[object]]) -> str | None:
@@ -269,10 +298,10 @@ def summary_line(stats: dict[str, list[object]]) -> str | None:
     run, marked = 0, []
     for outcome in ("passed", "failed", "skipped"):
         for report in stats.get(outcome, []):
-            nodeid = getattr(report, "nodeid", "")
-            if not nodeid.startswith(DOC_TEST):
+            found = DOC_TEST.match(getattr(report, "nodeid", ""))
+            if found is None:
                 continue
-            where = nodeid[len(DOC_TEST):-1]
+            where = found.group(1)
             if outcome == "skipped":
                 longrepr = getattr(report, "longrepr", None)
                 reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
