@@ -58,7 +58,8 @@ def test_status_shows_every_stage_drained_and_metrics_match(settings: Settings,
             assert s["in_flight"] == 0, name
         assert "rate" in s
     assert snap["dlq"]["count"] == 0
-    assert snap["servers"] == [{"url": url, "healthy": True, "load": snap["servers"][0]["load"]}]
+    assert snap["servers"] == [{"url": url, "healthy": True, "load": snap["servers"][0]["load"],
+                                "assumed": False}]
     assert [(s["url"], s["healthy"]) for s in unnamed] == [(url, True)]
 
     scored = list(kafka.read_partitions(
