@@ -73,6 +73,11 @@ def new_page(name: str, tmp: Path) -> Page:
     """A fresh terminal for page `name`: a working directory linking the checkout's files, the
     environment of a new shell with the virtualenv on PATH, and a topic prefix of its own
     (ROLLSTREAM_PREFIX), so pages never share topics. No broker is named: a page names it."""
+    # A block's `make venv` would reinstall a stale virtualenv through the link, and the
+    # reinstalled scripts would name the temporary folder's interpreter.
+    stamp, project = ROOT / ".venv" / ".installed-core", ROOT / "pyproject.toml"
+    if stamp.is_file() and stamp.stat().st_mtime < project.stat().st_mtime:
+        raise AssertionError("pyproject.toml is newer than .venv: `make test-venv` first")
     workdir = tmp / "work"
     workdir.mkdir(parents=True)
     for entry in ROOT.iterdir():
