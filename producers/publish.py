@@ -20,6 +20,7 @@ from rollstream.cluster.kafka import process_id, produce, transaction, transacti
 from rollstream.config import Settings
 from rollstream.contracts.codec import codec
 from rollstream.contracts.events import TASK
+from rollstream.envs.base import Environment
 from rollstream.envs.registry import UnknownEnv, get_env
 from rollstream.envs.swe import sources as swe_sources
 
@@ -151,22 +152,31 @@ def _normalize_data(data: Any) -> str:
     return data if isinstance(data, str) else json.dumps(data)
 
 
-def _check_env(name: str, known: set[str]) -> None:
-    if name in known:
-        return
+def _check_env(name: str, known: dict[str, Environment]) -> Environment:
+    if name not in known:
+        try:
+            known[name] = get_env(name)
+        except UnknownEnv as exc:
+            raise ValueError(f"field 'env': {exc}") from None
+    return known[name]
+
+
+def _check_env_data(task: dict[str, Any], known_envs: dict[str, Environment]) -> None:
+    """The task's environment accepts its data: the check INIT makes, so a task it would
+    dead-letter (an arithmetic task without `answer`) is refused before sending."""
     try:
-        get_env(name)
-    except UnknownEnv as exc:
-        raise ValueError(f"field 'env': {exc}") from None
-    known.add(name)
+        _check_env(task["env"], known_envs).validate_task(task)
+    except ValueError as exc:  # InvalidTask names the field
+        raise ValueError(f"env {task['env']!r}: {exc}") from None
 
 
-def validate_task(item: dict[str, Any], known_envs: set[str] | None = None,
+def validate_task(item: dict[str, Any], known_envs: dict[str, Environment] | None = None,
                   settings: Settings | None = None) -> dict[str, Any]:
     """A complete Task (defaults filled, data as a JSON string); ValueError names the bad field.
 
     Beyond the schema, the task must meet the bounds of `settings` (rollstream.bounds; the
-    default settings when None), the same check INIT applies.
+    default settings when None), the same check INIT applies (`load_tasks` adds the
+    environment's own check of the task's data).
     """
     schema = codec().schemas[TASK]
     task = _fill_defaults(schema["fields"], schema["__named_schemas"], item)
@@ -174,7 +184,7 @@ def validate_task(item: dict[str, Any], known_envs: set[str] | None = None,
         task["data"] = _normalize_data(item["data"])
     _check_types(schema, task)
     check_task(task, settings or Settings())
-    _check_env(task["env"], set() if known_envs is None else known_envs)
+    _check_env(task["env"], {} if known_envs is None else known_envs)
     return task
 
 
@@ -187,12 +197,13 @@ def load_tasks(path: str | Path, fmt: str = "rollstream",
     tasks: list[dict[str, Any]] = []
     bad: list[str] = []
     first_seen: dict[str, str] = {}
-    known_envs: set[str] = set()
+    known_envs: dict[str, Environment] = {}
     for where, item in FORMATS[fmt](Path(path)):
         try:
             if isinstance(item, ValueError):
                 raise item
             task = validate_task(item, known_envs, settings)
+            _check_env_data(task, known_envs)
             # Episode ids derive from task ids, so a duplicate would collide downstream.
             if task["task_id"] in first_seen:
                 raise ValueError(f"field 'task_id': duplicate {task['task_id']!r} "
@@ -226,3 +237,21 @@ def publish(settings: Settings, tasks: list[dict[str, Any]]) -> int:
         for task, value in zip(tasks, values, strict=True):
             produce(p, topic, value, key=task["task_id"])
     return len(tasks)
+
+
+def already_handled(settings: Settings, task_ids: list[str]) -> list[str]:
+    """Which of `task_ids` INIT has already handled (its markers on <prefix>.seen, committed
+    ones): it drops a task it has handled as a duplicate, so a re-published file sends tasks
+    that never run again. In the order given."""
+    from rollstream.cluster.kafka import reader
+    from rollstream.dedup import SeenIds
+
+    probe = reader(settings, [])
+    try:
+        found = probe.list_topics(settings.topics.seen, timeout=10).topics[settings.topics.seen]
+    finally:
+        probe.close()
+    if found.error is not None:  # no seen topic: nothing handled yet
+        return []
+    seen = SeenIds(settings, "init").read(sorted(found.partitions), attempts=1)
+    return [t for t in task_ids if any(t in ids for ids in seen.values())]

@@ -298,10 +298,17 @@ def replay(
     out = out or sys.stdout
     skipped = _Skipped()
     replayed = 0
+    # Which filters' paths some event has: a misspelt path matches nothing, silently otherwise.
+    unfound = dict(enumerate(filters))
+    fields: list[str] = []
     with transaction(p, commit_timeout_s=120) if p is not None else nullcontext():
         for msg, record, value in _decoded(settings, topic, ranges, skipped):
             if limit is not None and replayed >= limit:
                 break
+            fields = fields or sorted(value)
+            for i, (path, _) in list(unfound.items()):
+                if _lookup(value, path):
+                    del unfound[i]
             if not kept(record, value):
                 continue
             replayed += 1
@@ -310,6 +317,10 @@ def replay(
                 produce(p, to_topic, msg.value(), key=msg.key(), partition=target)
             else:
                 out.write(json.dumps(_event_json(msg, record, value)) + "\n")
+    if unfound and fields:
+        paths = ", ".join(repr(".".join(path)) for path, _ in unfound.values())
+        print(f"replay: warning: no event read from {topic} has the field {paths} that --where "
+              f"names (the events' fields: {', '.join(fields)})", file=sys.stderr)
     if skipped.count:
         print(f"replay: skipped {skipped.count} undecodable event(s); first at {skipped.first}",
               file=sys.stderr)

@@ -15,6 +15,7 @@ it uses only, so a flag another command would take is an error there, not silent
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import tomllib
 from dataclasses import dataclass, field, fields, replace
@@ -25,6 +26,23 @@ from typing import Any
 from rollstream.contracts.graph import Topics
 from rollstream.contracts.wire import check_adapter
 from rollstream.sandbox.settings import SandboxSettings
+
+
+class _ClientLog(logging.Logger):
+    """librdkafka's own lines (a refused connection, a failed SASL handshake, a TLS alert) in
+    the project's log, as `rollstream.kafka.client`. The project acts on each such failure
+    itself (a long-running process retries and logs a warning, a refusal stops it with exit 77,
+    a one-shot command ends with one line naming the cause), so the client's lines are detail:
+    INFO for its warnings and errors, DEBUG for the rest; a one-shot command prints none."""
+
+    def log(self, level: int, msg: object, *args: Any, **kwargs: Any) -> None:
+        super().log(logging.INFO if level >= logging.WARNING else logging.DEBUG, msg, *args,
+                    **kwargs)
+
+
+CLIENT_LOG = _ClientLog("rollstream.kafka.client")
+CLIENT_LOG.parent = logging.getLogger("rollstream")  # handlers and level as the project's
+
 
 # Components, in the order `--help` shows them: name -> title.
 GROUPS: dict[str, str] = {
@@ -143,7 +161,8 @@ class Settings:
 
     def kafka(self) -> dict[str, Any]:
         """Base librdkafka configuration: the client properties and the broker address."""
-        return {**self.kafka_properties, "bootstrap.servers": self.bootstrap_servers}
+        return {**self.kafka_properties, "bootstrap.servers": self.bootstrap_servers,
+                "logger": CLIENT_LOG}
 
     def sandbox_settings(self) -> SandboxSettings:
         """The sandbox component's settings, handed to the sandboxes this process opens."""

@@ -24,6 +24,7 @@ from rollstream.broker import local
 from rollstream.broker.secure import Material
 from rollstream.cluster.topics import create_topics, delete_topics
 from rollstream.config import Settings, Topics, load
+from tests.docs.blocks import summary_line
 from tests.helpers import vllm_server
 from tests.helpers.secure_helpers import secured_broker
 
@@ -59,6 +60,9 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     reason = vllm_server.impossible()
     if reason is not None:
         terminalreporter.write_line(f"real-vLLM tests skipped: {reason}")
+    line = summary_line(terminalreporter.stats)
+    if line is not None:
+        terminalreporter.write_line(line)
 
 
 def _kafka_container() -> tuple[DockerContainer, str]:

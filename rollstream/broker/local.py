@@ -293,7 +293,10 @@ def _resolve_jars(force: bool) -> Path:
             f"(and Java 17+), or set {BOOTSTRAP_ENV} to an existing broker"
         )
     # Resolve into a scratch folder and swap it in, so an interrupted download never looks complete.
-    scratch = kafka_dir() / "libs.partial"
+    # Beside libs/, in the plain home: the secured broker (`secured()`) shares its jars, and on
+    # a fresh home neither folder exists yet.
+    scratch = libs.with_name("libs.partial")
+    scratch.parent.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(scratch, ignore_errors=True)
     cmd = [
         mvn, "-q", "-B", "-Dstyle.color=never", "-f", str(POM),

@@ -24,6 +24,9 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--idle-timeout", type=float, default=None,
                         help=("stop after this many seconds without new events (joining the group, "
                               "up to a minute, does not count)"))
+    parser.add_argument("--keep-zero-variance", action="store_true",
+                        help="hand out groups whose rewards are all equal too (a trainer drops "
+                             "them: they carry no signal; by default so does this)")
     parser.add_argument("--group", default=None,
                         help="consumer group (default <prefix>.batch-printer; never the trainer's "
                              "<prefix>.bridge, or the two would split <prefix>.scored)")
@@ -45,6 +48,7 @@ def batch_summary(batch) -> dict:
 def run_bridge(args: argparse.Namespace) -> int:
     from rollstream.cluster.transaction import Rewind
     from trainer_bridge.bridge import TrainerBridge
+    from trainer_bridge.groups import GroupPolicy
 
     settings = common.start_service(args, parts=("bridge",))
     group = args.group or settings.topics.group(PRINTER)
@@ -52,8 +56,9 @@ def run_bridge(args: argparse.Namespace) -> int:
     while args.max_batches is None or printed < args.max_batches:
         left = None if args.max_batches is None else args.max_batches - printed
         try:
-            with TrainerBridge(settings, groups_per_batch=args.groups_per_batch,
-                               group=group) as bridge:
+            with TrainerBridge(settings, groups_per_batch=args.groups_per_batch, group=group,
+                               policy=GroupPolicy(drop_zero_variance=not args.keep_zero_variance)
+                               ) as bridge:
                 for batch in bridge.batches(left, args.idle_timeout):
                     print(json.dumps(batch_summary(batch)), flush=True)
                     printed += 1

@@ -23,12 +23,13 @@ def _on_chosen_broker(command: Callable[[argparse.Namespace], int]
     return run
 
 
-def _secured_note(mtls_bootstrap: str | None) -> None:
+def _secured_note() -> None:
+    # Only a secured broker has a mutual-TLS listener (a plain cluster's nodes have no port).
     material = local.security()
     if material is not None:
         print(f"SASL_SSL ({material.admin_properties.name}: the admin super user's client "
               f"properties for --kafka-config): {material.admin_properties}; mutual TLS "
-              f"(`rollstream broker client-cert`) at {mtls_bootstrap}", file=sys.stderr)
+              f"(`rollstream broker client-cert`) at {_mtls_bootstrap()}", file=sys.stderr)
 
 
 def _mtls_bootstrap() -> str | None:
@@ -57,7 +58,7 @@ def _start(args: argparse.Namespace) -> int:
         f"ready after {time.monotonic() - t0:.1f} s); log: {st['log']}",
         file=sys.stderr,
     )
-    _secured_note(st["mtls_bootstrap"])
+    _secured_note()
     return 0
 
 
@@ -73,7 +74,7 @@ def _start_cluster(args: argparse.Namespace, t0: float) -> int:
         f"(ready after {time.monotonic() - t0:.1f} s); logs: {cluster.cluster_dir()}/node*/",
         file=sys.stderr,
     )
-    _secured_note(_mtls_bootstrap())
+    _secured_note()
     return 0
 
 

@@ -20,6 +20,7 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
                     "0.12: in place, from the path the server was started with). With "
                     "--adapter, only that job's LoRA adapters (<adapter>-v<N>) are loaded and "
                     "unloaded, on servers other jobs share.")
+    common.add_job_argument(parser, "apply the policy versions")
     config.add_arguments(parser, "kafka", "service", "inference")
     parser.set_defaults(func=_run)
 
@@ -27,5 +28,7 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
 def _run(args: argparse.Namespace) -> int:
     from rollstream.controller.apply import Controller  # aiohttp only when it runs
 
-    controller = Controller(common.start_service(args, parts=("controller",)))
+    # With --job: the job's policy topic and its adapter, from the job's record.
+    settings, _ = common.for_job(common.start_service(args, parts=("controller",)), args.job)
+    controller = Controller(settings)
     return common.run_async(controller.serve(), on_signal=controller.stop)

@@ -25,7 +25,8 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
                                  description=f"The {name.upper()} stage of every running job: "
                                              f"{what}. --prefix is the cluster's.")
         stage.add_argument("--drain-timeout", type=float, default=30.0,
-                           help="seconds to let a stopping job's in-flight events finish")
+                           help="seconds to let a stopping job's in-flight events finish "
+                                "(default 30)")
         stage.add_argument("--fleet", default=None, metavar="NAME",
                            help="serve the jobs that name this dedicated fleet as their group "
                                 "(default: the jobs that name none)")

@@ -28,7 +28,9 @@ FIELD_FLAGS: dict[str, tuple[type, str]] = {
     "priority": (int, "higher takes free slots first; never preempts (default 0)"),
     "quota_episodes": (int, "episodes in flight in RUN's fleet at most (default 0: none)"),
     "quota_sandboxes": (int, "sandboxes at once at most (default 0: none)"),
-    "quota_tasks_queued": (int, "tasks admitted beyond what the trainer consumed (0: none)"),
+    "quota_tasks_queued": (int, "tasks INIT has expanded whose episodes RUN has not finished "
+                                "(waiting or running) at most: INIT takes no more of the job's "
+                                "tasks at the quota (default 0: none)"),
     "quota_turns_per_s": (float, "agent turns per second at most, over the RUN fleet "
                                  "(default 0: none)"),
     "admission_window": (int, "INIT admits at most this many tasks beyond what the trainer "
@@ -228,7 +230,8 @@ def _usage(args: argparse.Namespace) -> int:
         raise jobs.JobError(str(exc)) from None
     rows = usage.usage(settings, found.values(), since)
     if args.json:
-        print(json.dumps([row.as_json() for row in rows], indent=2))
+        for row in rows:  # one JSON object per job and hour, a line each
+            print(json.dumps(row.as_json()))
     elif rows:
         print(usage.table(rows))
     else:
@@ -301,7 +304,8 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     usage_cmd.add_argument("--since", metavar="WHEN",
                            help="from then on: a time ago (90m, 6h, 2d) or an ISO date/time, "
                                 "UTC unless it says (default: everything)")
-    usage_cmd.add_argument("--json", action="store_true", help="print the rows as JSON")
+    usage_cmd.add_argument("--json", action="store_true",
+                           help="one JSON object per job and hour, a line each")
     token = commands.add_parser(
         "token", help="the job's HTTP API bearer tokens (`rollstream api`)",
         description="A job's callers authenticate to `rollstream api` with a bearer token of the "

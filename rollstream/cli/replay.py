@@ -31,9 +31,10 @@ def run_replay(args: argparse.Namespace) -> int:
 
     # A topic of the graph named by its suffix is checked by name: a refusal then names it.
     suffix = [args.topic] if args.topic in {spec.suffix for spec in GRAPH} else []
+    settings, _ = common.for_job(common.settings(args), args.job)
     try:
         count = replay(
-            common.settings(args, *suffix),
+            common.checked(settings, *suffix),
             args.topic,
             start_offset=args.from_offset,
             end_offset=args.to_offset,
@@ -115,5 +116,6 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
         "--json", action="store_true", help="print one JSON object per line (the default)"
     )
     r.add_argument("--limit", type=int, metavar="N", help="stop after N replayed events")
+    common.add_job_argument(r, "replay a topic")
     config.add_arguments(r, "kafka", "command")
     r.set_defaults(func=run_replay)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from rollstream.cli import common
 
@@ -23,10 +24,24 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model-name", default="rollstream-tiny", help="name served in /v1/models")
     p.add_argument("--max-batch", type=int, default=64, help="sequences decoded together")
     p.add_argument("--seed", type=int, default=0, help="seed of the initial weights and sampling")
+    p.add_argument(
+        "--save-base", metavar="PATH", default=None,
+        help="write the demo's version 0 for copy_letter tasks to PATH and exit: the seed "
+        "weights with their output restricted to the task's letters, so a group's rewards "
+        "differ from the start (give it to serve-policy --checkpoint and train "
+        "--init-checkpoint; the seed weights alone rarely answer with a letter)")
     p.set_defaults(func=_serve)
 
 
 def _serve(args: argparse.Namespace) -> int:
+    if args.save_base is not None:
+        from rollstream.dev.loop import write_base_policy
+
+        path = Path(args.save_base)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_base_policy(path, seed=args.seed)
+        print(path)
+        return 0
     from rollstream.policy_server.app import serve  # torch import only when serving
 
     def ready(url: str) -> None:

@@ -8,8 +8,11 @@ import time
 
 from rollstream import config
 from rollstream.cli import common
-from rollstream.ops.status import Inspector, render
+from rollstream.ops.status import STAGE_GROUPS, Inspector, render
 from rollstream.telemetry import health, metrics
+
+# What status reads: each stage group's input, dead letters and policy versions.
+SHOWN_TOPICS = (*dict.fromkeys(attr for _, _, attr in STAGE_GROUPS), "dlq", "policy")
 
 
 def register_cli(sub: argparse._SubParsersAction) -> None:
@@ -37,6 +40,9 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     settings, _ = common.for_job(common.settings(args), args.job)
+    # Topics missing are a configuration error (exit 78, naming the topic), as for every
+    # one-shot command, not a failure further in.
+    settings = common.checked(settings, *SHOWN_TOPICS)
     # Only a watching status runs long enough to serve metrics and probes (its port logged).
     if args.watch:
         common.log_to_stderr()

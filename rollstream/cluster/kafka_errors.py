@@ -31,6 +31,7 @@ _AUTHORIZATION = {
 }
 _UNREACHABLE = frozenset({KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN,
                           KafkaError._RESOLVE, KafkaError._TIMED_OUT})
+REFUSED_S = 3.0  # how long a one-shot command waits on an address that refuses connections
 _MISSING = frozenset({KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC})
 
 
@@ -117,7 +118,8 @@ def check_broker(conf: dict[str, Any], timeout_s: float, topics: tuple[str, ...]
     watch = ErrorWatch(bootstrap, every_s=None)  # the command's one line says it
     # librdkafka logs every failed connection itself; the one line below says it all.
     admin = AdminClient({**conf, "error_cb": watch, "log_level": 0})
-    deadline = time.monotonic() + timeout_s
+    start = time.monotonic()
+    deadline = start + timeout_s
     while True:
         try:
             admin.list_topics(timeout=min(1.0, max(0.1, deadline - time.monotonic())))
@@ -126,7 +128,10 @@ def check_broker(conf: dict[str, Any], timeout_s: float, topics: tuple[str, ...]
             admin.poll(0.1)  # serves error_cb: the cause (a refused login) arrives there
             if watch.worst is not None and denied(watch.worst):
                 raise problem(watch.worst, bootstrap) from None
-            if time.monotonic() >= deadline:
+            # Nothing listens at the address: said at once rather than after the whole
+            # timeout, once a broker restarting there had time to open its port again.
+            refused = watch.worst is not None and "Connection refused" in watch.worst.str()
+            if time.monotonic() >= (min(deadline, start + REFUSED_S) if refused else deadline):
                 raise problem(watch.worst or exc.args[0], bootstrap) from None
     for name in topics:  # asked by name: a refusal then says so, where a listing omits it
         found = admin.list_topics(name, timeout=max(1.0, deadline - time.monotonic())

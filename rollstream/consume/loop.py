@@ -54,6 +54,8 @@ from rollstream.consume.held import Held
 from rollstream.telemetry import health, metrics
 
 log = logging.getLogger("rollstream.consume")
+# How often a loop holding no partition looks whether its input topic exists at all.
+MISSING_TOPIC_EVERY_S = 30.0
 
 MAX_BATCH = 500  # events taken from the consumer per turn
 
@@ -97,6 +99,7 @@ class ConsumeLoop:
         self._assigned: list[int] = []  # held, their state still to be restored
         self._partition_count = 0  # the input topic's, read after each assignment; 0: unknown
         self._recount = False  # an assignment came: read the count after the poll
+        self._topic_checked = float("-inf")  # when the input topic's existence was last read
         self.consumer = self._new_consumer()
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -147,6 +150,8 @@ class ConsumeLoop:
             self.idle = True
             if self.empty_since is None:
                 self.empty_since = time.monotonic()
+            if not self.held.progress:
+                self._check_input_topic()
             return []
         self.empty_since = None
         msgs = [first, *self.consumer.consume(limit - 1, timeout=0)] if limit > 1 else [first]
@@ -363,6 +368,25 @@ class ConsumeLoop:
         if self.restores and committed:
             # Paused before the first fetch: nothing is handed out before the state is back.
             self.held.pause(consumer, None)
+
+    def _check_input_topic(self) -> None:
+        """Holding no partition, every MISSING_TOPIC_EVERY_S: an input topic that does not
+        exist is said, and keeps the loop not ready (the client names it once, then waits in
+        silence)."""
+        now = time.monotonic()
+        if now - self._topic_checked < MISSING_TOPIC_EVERY_S:
+            return
+        self._topic_checked = now
+        try:
+            meta = self.consumer.list_topics(self.topic, timeout=CALL_TIMEOUT_S).topics.get(
+                self.topic)
+        except KafkaException:
+            return  # the broker unreachable: the client's error callback says so
+        if meta is None or meta.error is not None:
+            why = f"input topic {self.topic} does not exist"
+            log.warning("%s: %s (`rollstream topics create` makes it); waiting for it",
+                        self.name, why)
+            self.health.not_ready(why)
 
     def _count_partitions(self) -> None:
         """The input topic's partition count, read again after an assignment (partitions may

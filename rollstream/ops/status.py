@@ -27,7 +27,10 @@ from rollstream.config import Settings
 from rollstream.contracts.graph import BRIDGE, STAGES, input_of
 from rollstream.telemetry.metrics import JOB_LABEL
 
-EXACT_LAG_LIMIT = 20_000
+# Read to count up to this many: a publish stopped by Ctrl-C leaves its aborted records in the
+# log, and 48,756 of them showed as INIT's lag when the limit was 20,000 (reading 100,000 small
+# records takes a second or two).
+EXACT_LAG_LIMIT = 100_000
 # (stage, consumer group suffix, input topic attribute of Topics), from the topic graph
 STAGE_GROUPS = tuple(("train" if g == BRIDGE else g, g, input_of(g).attr)
                      for g in (*STAGES, BRIDGE))
@@ -136,11 +139,14 @@ class Inspector:
         from rollstream.inference.client import parse_load
 
         rows = []
-        for url in self.server_urls():
+        urls = self.server_urls()
+        # Nothing named a server and no RUN page said which it uses: only the default is known.
+        assumed = urls == [Settings().policy_url] and self.settings.policy_url == urls[0]
+        for url in urls:
             health, _ = _get(f"{url}/health")
             code, text = _get(f"{url}/metrics") if health == 200 else (0, "")
             rows.append({"url": url, "healthy": health == 200,
-                         "load": parse_load(text) if code == 200 else {}})
+                         "load": parse_load(text) if code == 200 else {}, "assumed": assumed})
         return rows
 
     def server_urls(self) -> list[str]:
@@ -260,7 +266,10 @@ def render(snap: dict[str, Any]) -> Any:
     for srv in snap["servers"]:
         load = ", ".join(f"{k} {v:g}" for k, v in sorted(srv["load"].items()))
         lines.append(f"server {srv['url']}: {'up' if srv['healthy'] else 'DOWN'}"
-                     + (f" ({load})" if load else ""))
+                     + (f" ({load})" if load else "")
+                     + (" (the default URL: RUN's servers are those its --metrics-url page "
+                        "reports, or name them with --policy-url)"
+                        if srv.get("assumed") and not srv["healthy"] else ""))
     return Group(*lines)
 
 

@@ -249,3 +249,16 @@ def test_the_session_broker_runs_on_the_client_compiler_alone(bootstrap: str) ->
     flags = subprocess.run([jcmd, str(local.status()["pid"]), "VM.flags"], capture_output=True,
                            text=True, timeout=60).stdout.split()
     assert "-XX:TieredStopAtLevel=1" in flags, flags
+
+
+def test_the_secured_broker_fetches_its_jars_on_a_fresh_home(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`broker start --secure` on a new ROLLSTREAM_HOME: the jars go to the plain home's libs/,
+    which the secured broker shares (it raised FileNotFoundError moving
+    secure/kafka/libs.partial there). Maven's cache serves them."""
+    monkeypatch.setenv(local.HOME_ENV, str(tmp_path))
+    with local.secured():
+        libs = local.resolve_jars()
+    assert libs == tmp_path / "kafka" / "libs"
+    assert any(libs.glob("kafka_*.jar")) and local.jars_ready()
+    assert not (tmp_path / "kafka" / "libs.partial").exists()

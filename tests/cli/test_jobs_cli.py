@@ -118,3 +118,16 @@ def test_status_of_a_job_shows_its_own_pipeline(settings: Settings, cli, capsys)
     assert snapshot["prefix"] == f"{settings.prefix}.gamma"
     with pytest.raises(SystemExit, match=r"no job 'delta' .*jobs: \['gamma'\]"):
         main(["status", "--job", "delta", "--json", *base])
+
+
+@pytest.mark.parametrize(("command", "flag", "says"), [
+    (["jobs", "create"], "--quota-tasks-queued", "tasks INIT has expanded whose episodes RUN"),
+    (["stage", "run"], "--drain-timeout", "(default 30)"),
+    (["fleet", "run"], "--drain-timeout", "(default 30)"),
+])
+def test_help_describes_the_flag(capsys: pytest.CaptureFixture[str], command: list[str],
+                                 flag: str, says: str) -> None:
+    with pytest.raises(SystemExit):
+        main([*command, "--help"])
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    assert says in text[text.index(flag):]

@@ -58,7 +58,8 @@ def test_status_shows_every_stage_drained_and_metrics_match(settings: Settings,
             assert s["in_flight"] == 0, name
         assert "rate" in s
     assert snap["dlq"]["count"] == 0
-    assert snap["servers"] == [{"url": url, "healthy": True, "load": snap["servers"][0]["load"]}]
+    assert snap["servers"] == [{"url": url, "healthy": True, "load": snap["servers"][0]["load"],
+                                "assumed": False}]
     assert [(s["url"], s["healthy"]) for s in unnamed] == [(url, True)]
 
     scored = list(kafka.read_partitions(
@@ -94,3 +95,59 @@ def test_status_renders_a_jobs_numbers() -> None:
             "sandbox time 0 s, staleness 1.5 versions on average") in text
     console.print(render({**snap, "job": {"name": "alpha"}}))  # no --metrics-url given
     assert "job alpha: give the fleet's --metrics-url" in console.export_text()
+
+
+def test_status_on_missing_topics_exits_78_naming_one(bootstrap: str) -> None:
+    """docs/security.md's table: the pipeline's topics missing is exit 78 with one line."""
+    out = subprocess.run(
+        [sys.executable, "-m", "rollstream.cli", "status", "--bootstrap-servers", bootstrap,
+         "--prefix", "status-nothing-here"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 78, out.stderr
+    assert "status-nothing-here.tasks" in out.stderr and "rollstream topics create" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_lag_leaves_out_an_aborted_transactions_records(settings: Settings) -> None:
+    """What a publish stopped by Ctrl-C leaves: many records in an aborted transaction. They
+    are no one's work, so INIT's lag stays 0 (more of them than the old exact-count limit)."""
+    from rollstream.cluster.kafka import transactional_producer
+    from rollstream.ops.status import Inspector
+
+    p = transactional_producer(settings, f"{settings.prefix}.test-aborted")
+    p.begin_transaction()
+    for i in range(25_000):
+        p.produce(settings.topics.tasks, b"x", key=str(i).encode())
+    p.flush(60)
+    p.abort_transaction(60)
+    inspector = Inspector(settings)
+    try:
+        init = inspector.stage("init", "init", "tasks")
+    finally:
+        inspector.close()
+    assert (init["lag"], init["lag_exact"]) == (0, True)
+
+
+def test_a_server_only_assumed_says_where_runs_servers_come_from(settings: Settings) -> None:
+    """With no --policy-url and no RUN page, status can only probe the default URL: a DOWN
+    there says how to show RUN's own servers instead of reading as an outage."""
+    from dataclasses import replace
+
+    from rich.console import Console
+
+    from rollstream.ops.status import Inspector, render
+
+    for named, assumed in ((None, True), ("http://127.0.0.1:9", False)):
+        chosen = settings if named is None else replace(settings, policy_url=named)
+        inspector = Inspector(chosen)
+        try:
+            rows = inspector.servers()
+        finally:
+            inspector.close()
+        assert [row["assumed"] for row in rows] == [assumed]
+    console = Console(record=True, width=300)
+    console.print(render({"prefix": "p", "stages": [], "policy": None,
+                          "dlq": {"count": 0, "latest": []},
+                          "servers": [{"url": "http://127.0.0.1:8011", "healthy": False,
+                                       "load": {}, "assumed": True}]}))
+    assert ("server http://127.0.0.1:8011: DOWN (the default URL: RUN's servers are those its "
+            "--metrics-url page reports, or name them with --policy-url)") in console.export_text()

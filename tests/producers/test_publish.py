@@ -189,3 +189,52 @@ def test_publish_is_all_or_nothing(settings: Settings) -> None:
     # The producer was not left holding the partitions: a good batch still goes through.
     assert publish(settings, tasks[:5]) == 5
     assert len(_committed(settings, settings.topics.tasks)) == 5
+
+
+def test_task_data_is_checked_by_its_environment(tmp_path: Path) -> None:
+    """What INIT would dead-letter is refused before anything is sent: an arithmetic task
+    without its `answer`."""
+    path = _write(tmp_path / "tasks.jsonl", [json.dumps(_task(0, data={}))])
+    with pytest.raises(TaskFileError, match=r"tasks.jsonl:1: env 'arithmetic': .*answer"):
+        load_tasks(path)
+
+
+def test_republished_ids_that_init_handled_are_named(
+    settings: Settings, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from producers.publish import already_handled
+    from rollstream.cluster.kafka import transaction, transactional_producer
+
+    path = _write(tmp_path / "tasks.jsonl", GOOD)
+    assert _cli(settings, "publish", str(path)) == 0
+    assert "already handled" not in capsys.readouterr().err
+    # INIT's marker for t-001, as it writes it (key init/<task id>, on the task's partition).
+    p = transactional_producer(settings, f"{settings.prefix}.test-seen")
+    with transaction(p):
+        p.produce(settings.topics.seen, b"", key=b"init/t-001")
+    assert already_handled(settings, ["t-000", "t-001"]) == ["t-001"]
+    assert _cli(settings, "publish", str(path)) == 0
+    err = capsys.readouterr().err
+    assert "INIT has already handled 1 of these task ids (t-001)" in err
+
+
+def test_ctrl_c_while_publishing_says_nothing_was_sent(
+    settings: Settings, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import producers.publish as publishing
+
+    sent = []
+
+    def interrupted_after_one(*args: object, **kwargs: object) -> None:
+        if sent:  # Ctrl-C while sending the second task, inside the transaction
+            raise KeyboardInterrupt
+        sent.append(publishing.produce_real(*args, **kwargs))
+
+    monkeypatch.setattr(publishing, "produce_real", publishing.produce, raising=False)
+    monkeypatch.setattr(publishing, "produce", interrupted_after_one)
+    path = _write(tmp_path / "tasks.jsonl", GOOD)
+    assert _cli(settings, "publish", str(path)) == 130
+    captured = capsys.readouterr()
+    assert captured.err.strip().splitlines() == ["interrupted: nothing was sent"]
+    assert _committed(settings, settings.topics.tasks) == []

@@ -280,6 +280,13 @@ def test_cli_replay_resolves_topic_suffix(
     lines = [json.loads(line) for line in captured.out.splitlines()]
     assert [(e["key"], e["topic"]) for e in lines] == [("a#1", settings.topics.scored)]
     assert "replayed 1 events" in captured.err
+    assert "warning" not in captured.err
+
+    # A misspelt path matches nothing: said, with the fields the events have.
+    assert main(["replay", "--topic", "scored", "--where", "failure_clas=ok", *common]) == 0
+    err = capsys.readouterr().err
+    assert (f"no event read from {settings.topics.scored} has the field 'failure_clas' that "
+            "--where names (the events' fields: failure_class, ") in err
 
     assert main(["replay", "--topic", "nope", *common]) == 2
     assert f"no topic 'nope' (nor {settings.prefix}.nope)" in capsys.readouterr().err

@@ -56,7 +56,8 @@ def usage(settings: Settings, capsys: pytest.CaptureFixture[str], *flags: str) -
     capsys.readouterr()
     assert main(["jobs", "usage", "--json", "--bootstrap-servers", settings.bootstrap_servers,
                  "--prefix", settings.prefix, *flags]) == 0
-    return json.loads(capsys.readouterr().out)
+    # One JSON object per job and hour, a line each (docs/jobs.md#usage).
+    return [json.loads(line) for line in capsys.readouterr().out.splitlines()]
 
 
 def test_usage_counts_each_jobs_committed_records_per_hour(
