@@ -222,7 +222,8 @@ class RunStage(Stage[Episode]):
                                  max_episodes=self.settings.server_max_in_flight,
                                  timeout_s=self.settings.request_timeout_s,
                                  health_interval_s=self.settings.health_interval_s,
-                                 adapter=self.settings.adapter)
+                                 adapter=self.settings.adapter,
+                                 job=self.quotas.name if self.quotas else "")
             await self.router.start()
         assert self.router is not None
         self.turns = Turns(self.router, self.template, self.checkpoint, self.quotas)

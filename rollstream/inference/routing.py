@@ -129,7 +129,10 @@ class Router:
         timeout_s: float = 60.0,
         health_interval_s: float = 2.0,
         adapter: str = "",
+        job: str = "",
     ) -> None:
+        """`adapter`: the job's adapter (only servers listing `<adapter>-v<N>` serve it once one
+        does); `job`: its name, which labels what the router reports of that adapter."""
         self._urls = urls if callable(urls) else (lambda: list(urls))
         self.adapter = check_adapter(adapter)
         self.max_episodes = max_episodes
@@ -142,6 +145,8 @@ class Router:
         # so the job samples the base model.
         self.newest_adapter: tuple[int, str] | None = None
         self._lack_logged: set[tuple[str, str]] = set()  # (server, adapter) said once
+        self.job = job
+        self._lacking: dict[tuple[str, str], int] = {}  # (server, adapter) → the gauge's value
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -155,6 +160,7 @@ class Router:
                 await self._task
         for server in self.servers.values():
             await server.client.close()
+        self._report_lacking({})
 
     # -- admission -------------------------------------------------------------------------
 
@@ -316,10 +322,13 @@ class Router:
             self.newest_adapter = newest
         wanted = (self.newest_adapter[1] if self.newest_adapter is not None
                   else f"{self.adapter}-v<N>")
+        lacking: dict[tuple[str, str], int] = {}
         for server in self.servers.values():
             server.needs_adapter = self.newest_adapter is not None
-            if not server.healthy or server.removed or server.lora is not None or (
-                    server.url, wanted) in self._lack_logged:
+            if not server.healthy or server.removed or server.lora is not None:
+                continue
+            lacking[(server.url, wanted)] = int(self.newest_adapter is not None)
+            if (server.url, wanted) in self._lack_logged:
                 continue
             self._lack_logged.add((server.url, wanted))
             if self.newest_adapter is None:
@@ -329,6 +338,14 @@ class Router:
             else:
                 log.warning("server %s lacks %s (the job's newest adapter): not usable for this "
                             "job until the controller loads it", server.url, wanted)
+        self._report_lacking(lacking)
+
+    def _report_lacking(self, lacking: dict[tuple[str, str], int]) -> None:
+        for url, adapter in self._lacking.keys() - lacking.keys():
+            metrics.ADAPTER_LACKING.remove(url, adapter, self.job)
+        for (url, adapter), value in lacking.items():
+            metrics.ADAPTER_LACKING.labels(url, adapter, self.job).set(value)
+        self._lacking = lacking
 
     async def _probe(self, server: Server) -> None:
         try:

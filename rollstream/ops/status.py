@@ -215,6 +215,7 @@ def job_numbers(families: list[Any], job: str) -> dict[str, Any]:
     pages, sandbox-seconds, and the mean staleness of its scored episodes."""
     sums: dict[str, float] = {}
     classes: dict[str, float] = {}
+    lacking: set[tuple[str, str, int]] = set()  # (server, adapter, 1: lacks the newest)
     all_server_s = 0.0
     for family in families:
         for s in family.samples:
@@ -226,6 +227,8 @@ def job_numbers(families: list[Any], job: str) -> dict[str, Any]:
             if s.name == "rollstream_episodes_total":
                 fc = s.labels["failure_class"]
                 classes[fc] = classes.get(fc, 0) + s.value
+            if s.name == "rollstream_router_adapter_lacking":
+                lacking.add((s.labels["server"], s.labels["adapter"], int(s.value)))
     server_s = sums.get("rollstream_server_seconds_total", 0.0)
     stale_n = sums.get("rollstream_episode_staleness_versions_count", 0.0)
     return {
@@ -239,6 +242,8 @@ def job_numbers(families: list[Any], job: str) -> dict[str, Any]:
         "sandbox_seconds": round(sums.get("rollstream_sandbox_seconds_total", 0.0), 3),
         "staleness_mean": (round(sums["rollstream_episode_staleness_versions_sum"]
                                  / stale_n, 3) if stale_n else None),
+        "adapter_lacking": [{"server": url, "adapter": adapter, "newest": bool(newest)}
+                            for url, adapter, newest in sorted(lacking)],
     }
 
 
@@ -285,4 +290,13 @@ def _job_line(job: dict[str, Any]) -> str:
             f"{job['dead_letters']} dead-lettered, server time {job['server_seconds']:g} s"
             + (f" ({share:.0%} of all jobs')" if share is not None else "")
             + f", sandbox time {job['sandbox_seconds']:g} s"
-            + (f", staleness {stale:g} versions on average" if stale is not None else ""))
+            + (f", staleness {stale:g} versions on average" if stale is not None else "")
+            + "".join(_lacking_note(entry) for entry in job["adapter_lacking"]))
+
+
+def _lacking_note(entry: dict[str, Any]) -> str:
+    if entry["newest"]:
+        return (f"; server {entry['server']} lacks {entry['adapter']} (the job's newest "
+                "adapter) and serves it nothing")
+    return (f"; server {entry['server']} lists no {entry['adapter']} yet: the job samples "
+            "the base model")

@@ -88,6 +88,12 @@ SERVER_EPISODES = Gauge("rollstream_router_server_episodes", "Episodes pinned to
                         ["server"])
 SERVER_HEALTHY = Gauge("rollstream_router_server_healthy", "1 if a server is in rotation",
                        ["server"])
+# A job's adapter on a healthy server: 1 where the server lacks the job's newest adapter (so it
+# serves the job nothing), 0 where no server lists a version of it yet (the job samples the
+# base model); `rollstream status --job` shows both.
+ADAPTER_LACKING = Gauge("rollstream_router_adapter_lacking",
+                        "1 if a server lacks the job's newest adapter; 0 while the job has none",
+                        ["server", "adapter", JOB_LABEL])
 
 CONTROLLER_APPLIED = Counter("rollstream_controller_policy_versions_applied_total",
                              "Policy versions the controller loaded into a server", ["server"])

@@ -9,6 +9,7 @@ import json
 
 import aiohttp
 import pytest
+from prometheus_client import REGISTRY
 
 import schemas
 from rollstream.config import Settings, load
@@ -17,6 +18,7 @@ from rollstream.contracts.wire import check_adapter, lora_name, lora_version, sp
 from rollstream.controller.apply import apply_policy, current_version
 from rollstream.dev.simulated import Fleet, SimulatedServer
 from rollstream.inference.routing import AdapterMissing, Router
+from rollstream.telemetry.metrics import JOB_LABEL
 from tests.helpers.controller_helpers import against, fake_vllm, policy_event
 from tests.helpers.run_helpers import guess_episodes, play, run_settings
 from tests.helpers.schema_helpers import encode_with, old_trajectory
@@ -77,14 +79,24 @@ def test_each_jobs_turns_go_to_its_own_newest_adapter_never_anothers() -> None:
         assert {t["termination"] for t in trajectories} <= {"DONE", "MAX_TURNS"}
 
 
+def lacking(job: str) -> dict[tuple[str, str], float]:
+    """The router's adapter_lacking series of `job` in this process's registry."""
+    return {(s.labels["server"], s.labels["adapter"]): s.value
+            for family in REGISTRY.collect() for s in family.samples
+            if s.name == "rollstream_router_adapter_lacking" and s.labels[JOB_LABEL] == job}
+
+
 def test_a_new_jobs_adapter_the_base_model_until_its_first_version_then_only_servers_with_it(
         caplog: pytest.LogCaptureFixture) -> None:
     holder = SimulatedServer(version=None, adapters=[lora_name(4, "job-b")])
     other = SimulatedServer(version=None, adapters=[])
 
     async def main(fleet: Fleet) -> None:
-        router = Router(fleet.urls, max_episodes=4, health_interval_s=60, adapter="job-a")
+        router = Router(fleet.urls, max_episodes=4, health_interval_s=60, adapter="job-a",
+                        job="team-a")
         await router.start()
+        # What `rollstream status --job team-a` shows: no server lists a version yet.
+        assert lacking("team-a") == {(holder.url, "job-a-v<N>"): 0, (other.url, "job-a-v<N>"): 0}
         try:
             # No job-a version anywhere (a job created with --adapter, before any training):
             # every server serves it, from the base model, as version 0 with no adapter.
@@ -99,6 +111,7 @@ def test_a_new_jobs_adapter_the_base_model_until_its_first_version_then_only_ser
             await router.check()
             [a, b] = router.servers.values()
             assert a.usable and not b.usable and b.lacks_adapter
+            assert lacking("team-a") == {(other.url, "job-a-v1"): 1}
             assert router.capacity() == 4
             completion = await router.complete("e4", [1, 2], {"max_tokens": 4}, [260])
             assert (completion.adapter, completion.policy_version) == ("job-a-v1", 1)
@@ -111,6 +124,7 @@ def test_a_new_jobs_adapter_the_base_model_until_its_first_version_then_only_ser
                 await router.complete("e5", [1, 2], {"max_tokens": 4}, [260])
         finally:
             await router.close()
+        assert lacking("team-a") == {}
 
     with caplog.at_level("INFO", "rollstream.inference.routing"), Fleet([holder, other]) as fleet:
         asyncio.run(main(fleet))

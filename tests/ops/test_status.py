@@ -86,13 +86,16 @@ def test_status_renders_a_jobs_numbers() -> None:
             "job": {"name": "alpha", "episodes": 10, "failure_classes": {"ok": 9, "infra": 1},
                     "turns": 12, "sampled_tokens": 60, "dead_letters": 1,
                     "server_seconds": 3.5, "server_share": 0.25, "sandbox_seconds": 0.0,
-                    "staleness_mean": 1.5}}
+                    "staleness_mean": 1.5,
+                    "adapter_lacking": [{"server": "http://vllm-1:8000", "adapter": "team-a-v3",
+                                         "newest": True}]}}
     console = Console(record=True, width=300)
     console.print(render(snap))
     text = console.export_text()
     assert ("job alpha (from /metrics): 10 episodes scored (ok 9, infra 1), 12 turns, "
             "60 tokens sampled, 1 dead-lettered, server time 3.5 s (25% of all jobs'), "
-            "sandbox time 0 s, staleness 1.5 versions on average") in text
+            "sandbox time 0 s, staleness 1.5 versions on average; server http://vllm-1:8000 "
+            "lacks team-a-v3 (the job's newest adapter) and serves it nothing") in text
     console.print(render({**snap, "job": {"name": "alpha"}}))  # no --metrics-url given
     assert "job alpha: give the fleet's --metrics-url" in console.export_text()
 
