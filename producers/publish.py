@@ -188,6 +188,15 @@ def validate_task(item: dict[str, Any], known_envs: dict[str, Environment] | Non
     return task
 
 
+def checked_task(item: dict[str, Any], known_envs: dict[str, Environment],
+                 settings: Settings | None = None) -> dict[str, Any]:
+    """validate_task, then the environment's own check of the task's data: every check INIT
+    makes, so what passes is never dead-lettered for its content (publish and the HTTP API)."""
+    task = validate_task(item, known_envs, settings)
+    _check_env_data(task, known_envs)
+    return task
+
+
 def load_tasks(path: str | Path, fmt: str = "rollstream",
                settings: Settings | None = None) -> list[dict[str, Any]]:
     """Read and validate every task in `path` (against the bounds of `settings`); raises
@@ -202,8 +211,7 @@ def load_tasks(path: str | Path, fmt: str = "rollstream",
         try:
             if isinstance(item, ValueError):
                 raise item
-            task = validate_task(item, known_envs, settings)
-            _check_env_data(task, known_envs)
+            task = checked_task(item, known_envs, settings)
             # Episode ids derive from task ids, so a duplicate would collide downstream.
             if task["task_id"] in first_seen:
                 raise ValueError(f"field 'task_id': duplicate {task['task_id']!r} "

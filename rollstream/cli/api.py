@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from rollstream import config
 from rollstream.cli import common
+
+if TYPE_CHECKING:
+    from rollstream.envs.base import Environment
 
 
 def register_cli(sub: argparse._SubParsersAction) -> None:
@@ -50,7 +54,7 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from producers.publish import validate_task  # the checks `rollstream publish` makes
+    from producers.publish import checked_task  # the checks `rollstream publish` makes
     from rollstream.api.router import ApiServer, tls_context
 
     if bool(args.tls_cert) != bool(args.tls_key):
@@ -60,9 +64,9 @@ def _run(args: argparse.Namespace) -> int:
                          "--callback-attempts at least 1, --deadline-grace 0 or more")
     tls = tls_context(args.tls_cert, args.tls_key) if args.tls_cert else None
     settings = common.start_service(args, parts=("api",))
-    envs: set[str] = set()
+    envs: dict[str, Environment] = {}  # each environment looked up once
     server = ApiServer(
-        settings, lambda task: validate_task(task, envs, settings), host=args.host,
+        settings, lambda task: checked_task(task, envs, settings), host=args.host,
         port=args.api_port, job=args.job, timeout_s=args.process_timeout,
         fixed_llm_servers=args.fixed_llm_servers, callback_attempts=args.callback_attempts,
         deadline_grace_s=args.deadline_grace, tls=tls)

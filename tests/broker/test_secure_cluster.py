@@ -45,6 +45,7 @@ def tasks_file(path: Path) -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # its own deadlines (240 s to score, 180 s to count) come first
 def test_pipeline_runs_as_a_least_privilege_principal(secured: tuple[str, Material],
                                                       tmp_path: Path) -> None:
     bootstrap, material = secured

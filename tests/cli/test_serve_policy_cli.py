@@ -8,8 +8,8 @@ from pathlib import Path
 import torch
 
 from rollstream.cli import main
+from rollstream.contracts.inference import END
 from rollstream.envs.copy_letter import LETTERS
-from rollstream.inference.tokenizer import END
 from rollstream.policy_server.model import load
 
 

@@ -21,14 +21,15 @@ from tests.helpers.scored_factory import scored, turn
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # the demo's 3600 episodes beside the suite's other workers
 def test_the_demo_learns_summarizes_and_plots(settings: Settings, tmp_path: Path) -> None:
     """`rollstream demo` as a user runs it, on the default workload (one run serves both what the
     loop learns and what the command prints: the loop is the suite's most expensive workload)."""
     result = subprocess.run(
-        [sys.executable, "-m", "rollstream.cli", "demo", "--seed", "3", "--timeout", "240",
+        [sys.executable, "-m", "rollstream.cli", "demo", "--seed", "3", "--timeout", "480",
          "--bootstrap-servers", settings.bootstrap_servers, "--prefix", settings.prefix,
          "--keep-topics", "--out", str(tmp_path)],
-        capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "200"})
+        capture_output=True, text=True, timeout=540, env={**os.environ, "COLUMNS": "200"})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     out = result.stdout
     expected = LoopConfig.tasks * LoopConfig.group_size

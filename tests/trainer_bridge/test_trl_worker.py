@@ -27,7 +27,7 @@ def test_a_trainer_starting_below_the_newest_committed_version_is_refused(
     with TrainerBridge(settings, 1) as bridge:
         rollouts = trl_adapter.BridgeRollouts(bridge, tmp_path, version=4)
         batch = trl_adapter.Batch([], bridge)
-        batch.ack([trl_adapter.version_event(settings, 5, tmp_path, "s5", {})])
+        batch.ack([trl_adapter.version_event(settings, 5, tmp_path, "s5", {})[0]])
         assert [v["version"] for v in committed_versions(settings)] == [5]
         for start in (trl_adapter.BridgeRollouts, lambda b, d: trl_adapter.RolloutWorker(
                 b, 4, trl_adapter.SavedWeights(d))):
