@@ -351,7 +351,8 @@ class RunStage(Stage[Episode]):
             self.router.release(episode_id)
         trajectory["finished_at_ms"] = now_ms()
         # Done: its checkpoints are dropped (also those of turns a restarted harness did not
-        # redo) in the transaction that writes the trajectory and passes the episode.
+        # redo) in the transaction that writes the trajectory (or the next attempt) and passes
+        # the episode.
         written = saved.keys if saved is not None else 0
         tombstones = self.tombstones(ctx.partition, episode_id,
                                      max(written, len(trajectory["turns"])),
