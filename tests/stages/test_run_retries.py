@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 from collections import Counter, defaultdict
 from dataclasses import replace
 from typing import ClassVar
@@ -137,15 +138,18 @@ def test_infra_failures_are_retried_numbered_bounded_and_groups_never_shrink_sil
     monkeypatch.setattr("rollstream.turns.RETRY_DELAYS_S", (0.05, 0.1, 0.2, 0.4))
     before = replace(metrics._jobs[""])
     publish(settings)
-    # Turns take a while, so episodes are in flight on both servers when one is killed.
-    with Fleet([SimulatedServer(step_s=lambda running: 0.03) for _ in range(2)]) as fleet:
+    # Turns take a while (0.2 s), so episodes are mid-way on both servers when one is killed.
+    with Fleet([SimulatedServer(step_s=lambda running: 0.1) for _ in range(2)]) as fleet:
         run_settings = replace(settings, policy_url=",".join(fleet.urls), health_interval_s=0.2,
                                request_timeout_s=2.0)
         runtimes = [StageRuntime(RunStage(run_settings), run_settings),
                     StageRuntime(EvalStage(settings), settings)]
         threads = serve(runtimes)
         try:
-            wait(lambda: len(fleet.servers[0].received) >= 4, 30, "server 0 to take turns")
+            deadline = time.monotonic() + 30
+            while len(fleet.servers[0].returned) < 2:  # its episodes' first turns, taken
+                assert time.monotonic() < deadline, "server 0 took no turns"
+                time.sleep(0.01)
             fleet.kill(0)
             wait(lambda: len(read(settings, settings.topics.scored, "ScoredTrajectory"))
                  >= len(TASKS) * GROUP, 60, "every episode scored")
@@ -177,9 +181,7 @@ def test_infra_failures_are_retried_numbered_bounded_and_groups_never_shrink_sil
         ("ok", 0), ("ok", 0), ("ok", 1)]
     assert sorted(by_task["dead"]) == [("infra", 2), ("ok", 0), ("ok", 0)]
     assert sorted(by_task["env"]) == [("env", 0), ("ok", 0), ("ok", 0)]  # never retried
-    # The killed server's episodes went on elsewhere: none of them failed for it.
-    servers = {t["server"] for s in scored for t in s["trajectory"]["turns"]}
-    assert servers == set(fleet.urls)
+    # The killed server's episodes went on on the other one: none of them failed for it.
     assert any(len({t["server"] for t in s["trajectory"]["turns"]}) == 2 for s in scored)
 
     after = metrics._jobs[""]
