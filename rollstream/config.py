@@ -101,6 +101,10 @@ class Settings:
         "that name, never touching another job's (empty: `rollstream-policy-v<N>`, or the base "
         "model where no such adapter is loaded)")
     request_timeout_s: float = _setting(60.0, "inference", "per inference request timeout")
+    retries_infra: int = _setting(
+        2, "inference", "times RUN plays an episode again, in a fresh environment, after an "
+        "infrastructure failure (a sandbox that died, inference retries spent); environment "
+        "errors are never retried")
     server_max_in_flight: int = _setting(
         64, "inference", "requests one RUN process sends one inference server at once; when "
         "every server is at it, RUN stops taking episodes")
@@ -144,6 +148,8 @@ class Settings:
 
     def __post_init__(self) -> None:
         check_adapter(self.adapter)  # a bad name fails at start, not as a server's 404
+        if self.retries_infra < 0:
+            raise ValueError(f"retries_infra {self.retries_infra}: must be 0 (none) or more")
 
     @cached_property
     def topics(self) -> Topics:

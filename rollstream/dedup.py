@@ -14,6 +14,10 @@ Kafka's transactions make each *event* count once; this makes each *id* count on
 
 Ids are keys, and duplicates land on the partition of their first copy as long as producers
 key events by id with the same partitioner (every Rollstream producer does).
+
+An episode can be played more than once (RUN retries infra failures, stages/run.py): each id
+is remembered with the newest attempt handled (the marker's value; empty: 0), so a newer
+attempt of an id is handled and an older or the same one is a duplicate.
 """
 
 from __future__ import annotations
@@ -32,17 +36,21 @@ log = logging.getLogger("rollstream.dedup")
 
 
 class RecentIds:
-    """The newest `limit` ids, oldest forgotten first (an insertion-ordered set)."""
+    """The newest `limit` ids with the newest attempt of each, oldest forgotten first."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
-        self._ids: OrderedDict[str, None] = OrderedDict()
+        self._ids: OrderedDict[str, int] = OrderedDict()
 
     def __contains__(self, event_id: str) -> bool:
         return event_id in self._ids
 
-    def add(self, event_id: str) -> None:
-        self._ids[event_id] = None
+    def attempt(self, event_id: str) -> int | None:
+        """The newest attempt of `event_id` handled; None: none was."""
+        return self._ids.get(event_id)
+
+    def add(self, event_id: str, attempt: int = 0) -> None:
+        self._ids[event_id] = max(attempt, self._ids.get(event_id, attempt))
         self._ids.move_to_end(event_id)
         if len(self._ids) > self.limit:
             self._ids.popitem(last=False)
@@ -78,7 +86,9 @@ class SeenIds:
         for msg in kafka.read_partitions(self.settings, tps, timeout_s):
             key = msg.key().decode()
             if key.startswith(self.prefix):
-                seen[msg.partition()].add(key[len(self.prefix):])
+                value = msg.value() or b""
+                seen[msg.partition()].add(key[len(self.prefix):],
+                                          int(value) if value.isdigit() else 0)
         return seen
 
     def restore(self, partitions: list[int], attempts: int = 5,
@@ -94,16 +104,21 @@ class SeenIds:
         for p in partitions:
             self._seen.pop(p, None)
 
-    def claim(self, partition: int, event_id: str) -> bool:
-        """True the first time `event_id` is seen on `partition` (it is remembered at once, so
-        a copy arriving while the first is still being handled is refused too)."""
+    def claim(self, partition: int, event_id: str, attempt: int = 0) -> bool:
+        """True the first time `event_id` is seen on `partition` at `attempt` or a later one
+        (it is remembered at once, so a copy arriving while the first is still being handled is
+        refused too, and so is an older attempt arriving after a newer one)."""
         seen = self._seen.setdefault(partition, RecentIds(self.window))
-        if event_id in seen:
-            log.info("%s%s: already handled, duplicate skipped", self.prefix, event_id)
+        newest = seen.attempt(event_id)
+        if newest is not None and newest >= attempt:
+            log.info("%s%s: attempt %d already handled (newest %d), skipped", self.prefix,
+                     event_id, attempt, newest)
             return False
-        seen.add(event_id)
+        seen.add(event_id, attempt)
         return True
 
-    def marker(self, partition: int, event_id: str) -> Output:
-        """The output that records `event_id` as handled; emit it with the event's outputs."""
-        return Output(self.topic, f"{self.prefix}{event_id}", None, b"", partition=partition)
+    def marker(self, partition: int, event_id: str, attempt: int = 0) -> Output:
+        """The output that records `event_id` (at `attempt`) as handled; emit it with the
+        event's outputs."""
+        return Output(self.topic, f"{self.prefix}{event_id}", None,
+                      str(attempt).encode() if attempt else b"", partition=partition)

@@ -60,12 +60,14 @@ class EvalStage(Stage[Trajectory]):
             env = get_env(task["env"], self.sandboxes)
         except UnknownEnv as exc:
             raise InvalidEvent(str(exc)) from exc
-        if not self.seen.claim(ctx.partition, trajectory["episode_id"]):
+        # An older attempt than one scored already is late: the newer one counts.
+        attempt = trajectory.get("attempt", 0)
+        if not self.seen.claim(ctx.partition, trajectory["episode_id"], attempt):
             return []
         score = termination_score(trajectory) or await env.evaluate(task, trajectory)
         metrics.scored(task["env"], score.failure_class, score.reward,
                        [turn["policy_version"] for turn in trajectory["turns"]])
-        marker = self.seen.marker(ctx.partition, trajectory["episode_id"])
+        marker = self.seen.marker(ctx.partition, trajectory["episode_id"], attempt)
         scored: ScoredTrajectory = {
             "trajectory": trajectory,
             "reward": score.reward,

@@ -66,6 +66,7 @@ class InitStage(Stage[Task]):
             "task": task,
             "sample_index": i,
             "created_at_ms": now,
+            "attempt": 0,
         } for i in range(task["group_size"])]
         return [self.seen.marker(ctx.partition, task["task_id"])] + [
             Output(self.topics.episodes, e["episode_id"], EPISODE, e) for e in episodes]

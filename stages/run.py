@@ -19,6 +19,14 @@ After every turn that turn is written to <p>.episode-state (a TurnCheckpoint key
 not the trajectory so far. A RUN process that takes over a partition reads those turns back,
 rebuilds each unfinished episode from them and resumes it where it stopped instead of replaying
 it; a finished episode tombstones every one of its turn keys.
+
+An episode that ends as an infra failure (every inference retry spent, its sandbox died: the
+environment's recorded failure or a SandboxError) is played again from its start in a fresh
+environment, up to `retries_infra` times: RUN writes it back to <p>.episodes as attempt + 1, in
+the transaction that drops its checkpoints, instead of passing its trajectory on, so its group
+waits for the new attempt. Its retries spent, the trajectory goes on with its attempt and EVAL
+scores it infra. Environment errors (ENV_ERROR, an environment's "env" failure) are
+deterministic and never retried.
 """
 
 from __future__ import annotations
@@ -53,8 +61,9 @@ from rollstream.gateway.server import Gateway
 from rollstream.inference.chat import ChatTemplate
 from rollstream.inference.routing import Router
 from rollstream.runtime import EventContext, InvalidEvent, Output, Stage
-from rollstream.sandbox import Sandboxes
+from rollstream.sandbox import SandboxError, Sandboxes
 from rollstream.service.quotas import JobQuotas
+from rollstream.telemetry import metrics
 from rollstream.turns import EpisodeEnded, Playing, Turns, now_ms
 
 log = logging.getLogger("rollstream.run")
@@ -307,15 +316,12 @@ class RunStage(Stage[Episode]):
         saved = self.checkpoints.get(ctx.partition, {}).pop(episode_id, None)
         turns, env_state = saved.played() if saved is not None else ([], "{}")
         started = saved.started_at_ms if saved is not None and turns else None
+        attempt = episode.get("attempt", 0)
         assert self.router is not None
         # Take a server before the first await, so capacity() counts this episode at once; a
         # resumed episode goes back to its server while that one is usable.
         self.router.pin(episode_id, prefer=turns[-1]["server"] if turns else None)
         try:
-            if started is None:
-                env_state, started = json.dumps(await env.reset(task)), now_ms()
-            else:
-                log.info("resuming %s at turn %d", episode_id, len(turns))
             # A resumed episode's task is its episode event's: checkpoints hold turns only.
             trajectory: Trajectory = {
                 "episode_id": episode_id,
@@ -325,11 +331,19 @@ class RunStage(Stage[Episode]):
                 "termination": "RUNNING",
                 "termination_detail": "",
                 "env_state": env_state,
-                "started_at_ms": started,
+                "started_at_ms": started or now_ms(),
                 "finished_at_ms": 0,
+                "attempt": attempt,
             }
             try:
+                if started is None:
+                    trajectory["env_state"] = json.dumps(await env.reset(task))
+                else:
+                    log.info("resuming %s at turn %d", episode_id, len(turns))
                 await self.players[env.kind](env, trajectory, ctx)
+            except SandboxError as exc:  # the environment's sandbox failed, not the agent
+                trajectory["termination"] = "INFRA_ERROR"
+                trajectory["termination_detail"] = f"sandbox: {exc}"
             finally:
                 # Also on cancellation (partition revoked): the next owner re-creates what it
                 # needs.
@@ -338,12 +352,23 @@ class RunStage(Stage[Episode]):
             self.router.release(episode_id)
         trajectory["finished_at_ms"] = now_ms()
         # Done: its checkpoints are dropped (also those of turns a restarted harness did not
-        # redo) in the transaction that writes the trajectory and passes the episode.
+        # redo) in the transaction that writes the trajectory (or the next attempt) and passes
+        # the episode.
         written = saved.keys if saved is not None else 0
-        return [*self.tombstones(ctx.partition, episode_id,
-                                 max(written, len(trajectory["turns"])),
-                                 saved is not None and saved.legacy),
-                Output(self.topics.trajectories, episode_id, TRAJECTORY, trajectory)]
+        tombstones = self.tombstones(ctx.partition, episode_id,
+                                     max(written, len(trajectory["turns"])),
+                                     saved is not None and saved.legacy)
+        failed = infra_failure(env, trajectory)
+        if failed is not None:
+            spent = attempt >= self.settings.retries_infra
+            metrics.retried(spent)
+            log.warning("%s attempt %d failed (infra: %s); %s", episode_id, attempt, failed,
+                        "retries spent" if spent else "played again")
+            if not spent:
+                again: Episode = {**episode, "attempt": attempt + 1}
+                return [*tombstones, Output(self.topics.episodes, episode_id, EPISODE, again,
+                                            partition=ctx.partition)]
+        return [*tombstones, Output(self.topics.trajectories, episode_id, TRAJECTORY, trajectory)]
 
     async def _play(self, env: Environment, trajectory: Trajectory, ctx: EventContext) -> None:
         """An environment that steps: RUN renders the conversation, samples, and hands each
@@ -364,6 +389,15 @@ class RunStage(Stage[Episode]):
             env_started = time.perf_counter()
             step = await env.step(task, episode.state, sampled.completion.text)
             self.turns.record(episode, sampled, step, (time.perf_counter() - env_started) * 1000)
+
+
+def infra_failure(env: Environment, trajectory: Trajectory) -> str | None:
+    """What failed, where the episode ended as an infra failure (its termination, or a failure
+    its environment recorded in its state); None otherwise."""
+    if trajectory["termination"] == "INFRA_ERROR":
+        return trajectory["termination_detail"]
+    failure = env.failure(json.loads(trajectory["env_state"]))
+    return failure[1] if failure is not None and failure[0] == "infra" else None
 
 
 @player("steps")

@@ -134,6 +134,7 @@ class TrainerBridge:
             self._holds[p] += 1
         self.assembler.pending.clear()
         self.assembler.take_dropped()
+        self.assembler.take_set_aside()
         self._ready.clear()
         self._dead_letters.clear()
 
@@ -178,6 +179,7 @@ class TrainerBridge:
             self._ready.extend(self.assembler.expire(self.current_version))
             for group in self.assembler.take_dropped():
                 self._finished(group.samples)  # nothing to train on: acknowledged as handled
+            self._finished(self.assembler.take_set_aside())
 
     def _report_waiting(self) -> None:
         pending = sorted(self.assembler.pending.values(), key=lambda g: g.first_seen)

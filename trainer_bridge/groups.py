@@ -1,10 +1,17 @@
 """Assemble scored trajectories into their task's group (the GRPO group of samples).
 
 A group is released when all of its samples have arrived, or, for groups that never complete
-(a sample lost to a dead-lettered event, a task cancelled), after `group_timeout_s`: then it is
-either dropped or trained on with what arrived. Within a group, infra failures and samples older
-than the staleness bound take no part in the statistics; a group left with no reward variance
-carries no learning signal and is dropped (dynamic sampling). Everything dropped is counted.
+(a sample lost to a dead-lettered event, a task cancelled), after `group_timeout_s`. A sample
+that failed for good (infra: RUN spent its retries, stages/run.py) or never came is the
+policy's `incomplete` to decide: "drop" the whole group (the default) or train on the rest
+("partial"). Within a group that trains, failures without a reward (infra, env) and samples
+older than the staleness bound take no part in the statistics; a group left with no reward
+variance carries no learning signal and is dropped (dynamic sampling). Everything dropped is
+counted, here (`stats`) and in the process's metrics.
+
+An episode RUN played more than once arrives as its newest attempt only, but a late copy of an
+older attempt may still come: within a group the highest attempt of an episode counts, and an
+older or repeated one is set aside (`take_set_aside`: handled, nothing to train on).
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from rollstream.contracts.events import ScoredTrajectory
+from rollstream.telemetry import metrics
 from trainer_bridge.advantages import group_advantages
 
 
@@ -30,6 +38,10 @@ class Sample:
     @property
     def episode_id(self) -> str:
         return self.scored["trajectory"]["episode_id"]
+
+    @property
+    def attempt(self) -> int:
+        return self.scored["trajectory"].get("attempt", 0)
 
     @property
     def reward(self) -> float | None:
@@ -66,6 +78,8 @@ class GroupPolicy:
     normalize_std: bool = True  # False: Dr. GRPO
     max_staleness: int | None = None  # versions behind the trainer a sample may be
     group_timeout_s: float = 300.0
+    # A group that lost a sample for good (its infra retries spent, or it never came): "drop"
+    # the whole group, or train on the rest ("partial").
     incomplete: Literal["drop", "partial"] = "drop"
     drop_zero_variance: bool = True
 
@@ -78,15 +92,22 @@ class GroupAssembler:
         self.pending: dict[str, Group] = {}
         self.stats: Counter[str] = Counter()
         self.dropped: list[Group] = []  # groups that left without training; the caller acks them
+        self.set_aside: list[Sample] = []  # repeats and older attempts; the caller acks them
 
     def add(self, sample: Sample, current_version: int) -> Group | None:
-        """Add a sample; return its group once complete and scored. Repeats are ignored."""
+        """Add a sample; return its group once complete and scored. Of an episode's samples
+        the newest attempt counts; repeats and older attempts are set aside."""
         task = sample.scored["trajectory"]["task"]
         group = self.pending.setdefault(task["task_id"],
                                         Group(task["task_id"], task["group_size"]))
-        if any(s.episode_id == sample.episode_id for s in group.samples):
-            self.stats["duplicate_samples"] += 1
-            return None
+        same = next((s for s in group.samples if s.episode_id == sample.episode_id), None)
+        if same is not None:
+            if same.attempt >= sample.attempt:
+                self._set_aside(sample, "duplicate_samples" if same.attempt == sample.attempt
+                                else "older_attempts")
+                return None
+            group.samples.remove(same)
+            self._set_aside(same, "older_attempts")
         group.samples.append(sample)
         if not group.complete:
             return None
@@ -112,16 +133,30 @@ class GroupAssembler:
         dropped, self.dropped = self.dropped, []
         return dropped
 
+    def take_set_aside(self) -> list[Sample]:
+        set_aside, self.set_aside = self.set_aside, []
+        return set_aside
+
+    def _set_aside(self, sample: Sample, reason: str) -> None:
+        self.stats[reason] += 1
+        self.set_aside.append(sample)
+
     def _drop(self, group: Group, reason: str) -> None:
         self.stats[reason] += 1
+        metrics.group_dropped(reason.removeprefix("groups_dropped_"))
         self.dropped.append(group)
 
     def _release(self, group: Group, current_version: int) -> Group | None:
-        """Score the group's samples; None when the group has nothing to learn from."""
+        """Score the group's samples; None when the group has nothing to learn from, or lost
+        a sample to an infra failure under the "drop" policy."""
+        if self.policy.incomplete == "drop" and any(
+                s.scored["failure_class"] == "infra" for s in group.samples):
+            self._drop(group, "groups_dropped_infra")
+            return None
         rewards: list[float | None] = []
         for s in group.samples:
             if s.reward is None:
-                self.stats["infra_excluded"] += 1
+                self.stats[f"{s.scored['failure_class']}_excluded"] += 1
                 rewards.append(None)
             elif self._stale(s, current_version):
                 self.stats["stale_dropped"] += 1

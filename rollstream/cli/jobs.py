@@ -36,9 +36,15 @@ FIELD_FLAGS: dict[str, tuple[type, str]] = {
     "admission_window": (int, "INIT admits at most this many tasks beyond what the trainer "
                               "consumed (default 0: no limit)"),
     "max_staleness": (int, "policy versions a trained-on sample may lag (0: trainer default)"),
+    "retries_infra": (int, "times an episode is played again, in a fresh environment, after "
+                           "an infrastructure failure (default 2; environment errors never)"),
+    "group_policy": (str, "a group that lost a sample for good (retries spent, or it never "
+                          "came): drop it whole (default) or train on the rest (partial)"),
     "group": (str, "a dedicated fleet's name (`rollstream fleet --fleet NAME`); default: the "
                    "shared fleet"),
 }
+# Shorter flags some fields also take.
+FLAG_ALIASES: dict[str, tuple[str, ...]] = {"retries_infra": ("--retries",)}
 # State changes: command -> (new state, states it may come from, what it does).
 TRANSITIONS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "pause": ("PAUSED", ("RUNNING",),
@@ -279,8 +285,8 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
         groups=("topics",))
     fields = create.add_argument_group("the job (each flag left out takes its default)")
     for field, (kind, text) in FIELD_FLAGS.items():
-        fields.add_argument("--" + _dest(field).replace("_", "-"), dest=_dest(field),
-                            type=kind, default=None, help=text)
+        fields.add_argument("--" + _dest(field).replace("_", "-"), *FLAG_ALIASES.get(field, ()),
+                            dest=_dest(field), type=kind, default=None, help=text)
     apply = command(
         "apply", _apply, "create or update a job from a TOML or JSON file",
         "Create or update a job from a file (TOML when it ends in .toml, else JSON) holding its "

@@ -31,8 +31,10 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
                        help="advantages without std normalization (Dr. GRPO)")
     train.add_argument("--group-timeout", type=float, default=300.0,
                        help="seconds to wait for a group's missing samples")
-    train.add_argument("--incomplete", choices=("drop", "partial"), default="drop",
-                       help="what to do with a group that timed out")
+    train.add_argument("--incomplete", choices=("drop", "partial"), default=None,
+                       help="a group that lost a sample for good (it timed out, or its infra "
+                            "retries were spent): drop it whole or train on the rest (default: "
+                            "the job's group_policy with --job, else drop)")
     train.add_argument("--keep-zero-variance", action="store_true",
                        help="train on groups whose rewards are all equal (no signal: dropped)")
     train.add_argument("--lr", type=float, default=3e-3)
@@ -49,6 +51,7 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
 
 
 def run_train(args: argparse.Namespace) -> int:
+    from rollstream.telemetry import metrics
     from trainer_bridge.groups import GroupPolicy
     from trainer_bridge.train_loop import train
     from trainer_bridge.trainer import GRPOConfig
@@ -58,14 +61,16 @@ def run_train(args: argparse.Namespace) -> int:
     max_staleness = args.max_staleness
     if max_staleness is None and job is not None and job["max_staleness"]:
         max_staleness = job["max_staleness"]
+    incomplete = args.incomplete or (job["group_policy"] if job is not None else "drop")
     policy = GroupPolicy(normalize_std=not args.dr_grpo, max_staleness=max_staleness,
-                         group_timeout_s=args.group_timeout, incomplete=args.incomplete,
+                         group_timeout_s=args.group_timeout, incomplete=incomplete,
                          drop_zero_variance=not args.keep_zero_variance)
-    train(settings, args.checkpoint_dir, groups_per_batch=args.groups_per_batch,
-          group_policy=policy, config=GRPOConfig(lr=args.lr, clip_eps=args.clip_eps),
-          init_checkpoint=args.init_checkpoint, hf_model=args.hf_model,
-          max_steps=args.max_steps,
-          idle_timeout_s=args.idle_timeout)
+    # A job's trainer counts what it drops under the job's label, as the fleet its stages.
+    context = metrics.job_context(job["name"] if job is not None else "")
+    context.run(train, settings, args.checkpoint_dir, groups_per_batch=args.groups_per_batch,
+                group_policy=policy, config=GRPOConfig(lr=args.lr, clip_eps=args.clip_eps),
+                init_checkpoint=args.init_checkpoint, hf_model=args.hf_model,
+                max_steps=args.max_steps, idle_timeout_s=args.idle_timeout)
     return 0
 
 

@@ -57,6 +57,7 @@ class Episode(TypedDict):
     task: Task
     sample_index: int
     created_at_ms: int
+    attempt: int
 
 
 class Turn(TypedDict):
@@ -87,6 +88,7 @@ class Trajectory(TypedDict):
     env_state: str
     started_at_ms: int
     finished_at_ms: int
+    attempt: int
 
 
 class TurnCheckpoint(TypedDict):
@@ -143,5 +145,7 @@ class Job(TypedDict):
     state: JobState
     group: str | None
     api_tokens: list[str]
+    retries_infra: int
+    group_policy: str
     created_at_ms: int
     updated_at_ms: int

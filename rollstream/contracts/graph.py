@@ -83,8 +83,9 @@ GRAPH: tuple[Topic, ...] = (
     ),
     Topic(
         "episodes", "episodes", events.EPISODE, "episode id",
-        "one event per sample of a task's group, keyed by episode id (INIT -> RUN)",
-        writers=(INIT, REDRIVE), groups=(RUN,),
+        "one event per sample of a task's group, keyed by episode id (INIT -> RUN); RUN writes "
+        "an infra failure back as its next attempt",
+        writers=(INIT, RUN, REDRIVE), groups=(RUN,),
         config=_config(retention_ms=7 * DAY_MS, max_bytes=4 * MIB),
     ),
     Topic(
@@ -141,7 +142,8 @@ GRAPH: tuple[Topic, ...] = (
         "seen", "seen", "", "<stage>/<id>",
         "ids INIT and EVAL have handled, on their input's partition; compacted (their "
         "deduplication memory, rollstream.dedup)",
-        writers=(INIT, EVAL), followers=(INIT, EVAL), values="(empty marker)",
+        writers=(INIT, EVAL), followers=(INIT, EVAL),
+        values="(empty marker; EVAL's: the newest attempt scored, where above 0)",
         config=_config(retention_ms=7 * DAY_MS, max_bytes=1 * MIB,
                        **{"cleanup.policy": "compact,delete", "min.cleanable.dirty.ratio": "0.1"}),
     ),

@@ -101,6 +101,12 @@ class Environment(ABC):
     async def close(self, task: Task, state: dict) -> None:
         """Release what the episode holds (a sandbox), once RUN is done with it, before EVAL."""
 
+    def failure(self, state: dict) -> tuple[FailureClass, str] | None:
+        """A failure the environment recorded in the episode's state rather than raising (its
+        class and detail; `evaluate` scores it): RUN plays an episode whose environment failed
+        as "infra" again. None: nothing failed."""
+        return None
+
 
 def process_sandboxes() -> Sandboxes:
     """Sandboxes under the settings this process resolves (defaults < config file <

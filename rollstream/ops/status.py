@@ -7,8 +7,10 @@ markers take offsets too, so `end - committed` would never reach 0), unless more
 EXACT_LAG_LIMIT are waiting; then it is `end - committed`, marked approximate. Also: the
 dead-letter count and latest reasons, the newest policy version (the trainer's position is the
 `train` group's lag), inference servers' health and load, and in-flight events where the
-stages' /metrics URLs are given. For one job of a shared fleet (`--job`), the in-flight events
-and the job's accounting (`job_numbers`) count only the series labelled with the job.
+stages' /metrics URLs are given, with the episodes played again after infra failures and the
+groups the trainer dropped (`retry_numbers`). For one job of a shared fleet (`--job`), the
+in-flight events and the job's accounting (`job_numbers`) count only the series labelled with
+the job.
 """
 
 from __future__ import annotations
@@ -205,7 +207,30 @@ class Inspector:
         if self.job is not None:
             snap["job"] = {"name": self.job, **(job_numbers(families, self.job) if families
                                                 else {})}
+        elif families:
+            snap["retries"] = retry_numbers(families)
         return snap
+
+
+def retry_numbers(families: list[Any], job: str | None = None) -> dict[str, Any]:
+    """Infra retries and their outcome, summed over the /metrics pages' `families` (job `job`'s
+    series only, where given): episodes RUN played again, infra failures it passed on with
+    every retry spent, and groups the trainer bridge dropped, by reason."""
+    retries = spent = 0.0
+    dropped: dict[str, int] = {}
+    for family in families:
+        for s in family.samples:
+            if job is not None and s.labels.get(JOB_LABEL) != job:
+                continue
+            if s.name == "rollstream_episode_retries_total":
+                retries += s.value
+            elif s.name == "rollstream_episode_retries_spent_total":
+                spent += s.value
+            elif s.name == "rollstream_groups_dropped_total":
+                reason = s.labels["reason"]
+                dropped[reason] = dropped.get(reason, 0) + int(s.value)
+    return {"retries": int(retries), "retries_spent": int(spent),
+            "groups_dropped": dict(sorted(dropped.items()))}
 
 
 def job_numbers(families: list[Any], job: str) -> dict[str, Any]:
@@ -244,6 +269,7 @@ def job_numbers(families: list[Any], job: str) -> dict[str, Any]:
                                  / stale_n, 3) if stale_n else None),
         "adapter_lacking": [{"server": url, "adapter": adapter, "newest": bool(newest)}
                             for url, adapter, newest in sorted(lacking)],
+        **retry_numbers(families, job),
     }
 
 
@@ -268,6 +294,10 @@ def render(snap: dict[str, Any]) -> Any:
     lines += [f"  {d['at']} {d['stage']}: {d['reason']}" for d in snap["dlq"]["latest"]]
     if "job" in snap:
         lines.append(_job_line(snap["job"]))
+        if "episodes" in snap["job"]:
+            lines.append(_retries_line(snap["job"]))
+    elif "retries" in snap:
+        lines.append(_retries_line(snap["retries"]))
     for srv in snap["servers"]:
         load = ", ".join(f"{k} {v:g}" for k, v in sorted(srv["load"].items()))
         lines.append(f"server {srv['url']}: {'up' if srv['healthy'] else 'DOWN'}"
@@ -276,6 +306,13 @@ def render(snap: dict[str, Any]) -> Any:
                         "reports, or name them with --policy-url)"
                         if srv.get("assumed") and not srv["healthy"] else ""))
     return Group(*lines)
+
+
+def _retries_line(numbers: dict[str, Any]) -> str:
+    dropped = ", ".join(f"{reason} {n}" for reason, n in numbers["groups_dropped"].items())
+    return (f"infra retries: {numbers['retries']} episodes played again, "
+            f"{numbers['retries_spent']} failed with every retry spent; groups dropped: "
+            + (dropped or "none"))
 
 
 def _job_line(job: dict[str, Any]) -> str:

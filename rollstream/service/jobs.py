@@ -39,7 +39,9 @@ NAME = re.compile(r"[A-Za-z0-9._-]+")
 # The fields a job file or flag may set (name is the key; state and times are the CLI's).
 SETTABLE = ("prefix", "principal", "adapter", "policy_urls", "weight", "priority",
             "quota_episodes", "quota_sandboxes", "quota_tasks_queued", "quota_turns_per_s",
-            "admission_window", "max_staleness", "group")
+            "admission_window", "max_staleness", "group", "retries_infra", "group_policy")
+# A job's group policy: what the trainer does with a group that lost a sample for good.
+GROUP_POLICIES = ("drop", "partial")
 
 # A job's own topics: the graph under its prefix but the jobs topic, which is the cluster's.
 JOB_TOPICS: tuple[Topic, ...] = tuple(t for t in GRAPH if t.attr != "jobs")
@@ -69,7 +71,8 @@ def new_job(name: str, cluster_prefix: str, **fields: Any) -> Job:
         "adapter": "", "policy_urls": [], "weight": 1.0, "priority": 0, "quota_episodes": 0,
         "quota_sandboxes": 0, "quota_tasks_queued": 0, "quota_turns_per_s": 0.0,
         "admission_window": 0, "max_staleness": 0, "state": "RUNNING", "group": None,
-        "api_tokens": [], "created_at_ms": stamp, "updated_at_ms": stamp,
+        "api_tokens": [], "retries_infra": 2, "group_policy": "drop",
+        "created_at_ms": stamp, "updated_at_ms": stamp,
     }
     job.update(fields)  # type: ignore[typeddict-item]
     return validate(job, cluster_prefix)
@@ -86,7 +89,7 @@ def validate(job: Job, cluster_prefix: str) -> Job:
     if not isinstance(job["weight"], int | float) or job["weight"] <= 0:
         raise JobError(f"job weight {job['weight']!r}: must be a number above 0")
     for key in ("priority", "quota_episodes", "quota_sandboxes", "quota_tasks_queued",
-                "admission_window", "max_staleness"):
+                "admission_window", "max_staleness", "retries_infra"):
         if not isinstance(job[key], int) or isinstance(job[key], bool):
             raise JobError(f"job {key} {job[key]!r}: must be a whole number")
         if key != "priority" and job[key] < 0:
@@ -104,6 +107,8 @@ def validate(job: Job, cluster_prefix: str) -> Job:
         check_adapter(job["adapter"])
     except ValueError as exc:
         raise JobError(f"job {exc}") from None
+    if job["group_policy"] not in GROUP_POLICIES:
+        raise JobError(f"job group_policy {job['group_policy']!r}: one of {list(GROUP_POLICIES)}")
     if job["state"] not in STATES:
         raise JobError(f"job state {job['state']!r}: one of {list(STATES)}")
     if job["group"] is not None and not NAME.fullmatch(job["group"]):
@@ -155,11 +160,12 @@ def job_of_token(jobs: Iterable[Job], token: str) -> Job | None:
 
 def job_settings(base: Settings, job: Job) -> Settings:
     """The settings a fleet runs the job's stages with: the fleet's, under the job's prefix,
-    with the job's admission window and policy (its adapter, or its own servers). Each job's
-    RUN stage has a harness gateway of its own, on a free port: a fixed one would be taken by
-    the first job, and a job's episode keys are good at its own gateway only."""
+    with the job's admission window, infra retries and policy (its adapter, or its own
+    servers). Each job's RUN stage has a harness gateway of its own, on a free port: a fixed
+    one would be taken by the first job, and a job's episode keys are good at its own gateway
+    only."""
     return replace(base, prefix=job["prefix"], admission_window=job["admission_window"],
-                   adapter=job["adapter"], gateway_port=0,
+                   adapter=job["adapter"], gateway_port=0, retries_infra=job["retries_infra"],
                    policy_url=",".join(job["policy_urls"]) or base.policy_url,
                    policy_url_file="" if job["policy_urls"] else base.policy_url_file)
 

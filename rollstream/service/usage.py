@@ -8,7 +8,9 @@ and the one that replaced it is counted once. Per job and UTC hour:
   tokens (completion ids the servers sampled), episodes per failure class, and the seconds
   its recorded turns took on the inference servers (their completions' `inference_ms`; the
   metrics' server-seconds also count requests that failed and episodes that were redone) and
-  in the environment (their `env_ms`: tool calls, sandbox commands);
+  in the environment (their `env_ms`: tool calls, sandbox commands); the times its episodes
+  were played again after infra failures (their `attempt`s), and its groups with an infra
+  failure whose retries were spent (the groups a trainer with the `drop` group policy drops);
 - from `<job prefix>.dlq` (the hour of `failed_at_ms`): dead letters.
 """
 
@@ -44,6 +46,8 @@ class Usage:
     failures: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FAILURE_CLASSES, 0))
     dead_letters: int = 0
     undecodable: int = 0  # records on the scored topic that are not ScoredTrajectory
+    retries: int = 0  # times its scored episodes were played again after infra failures
+    infra_tasks: set[str] = field(default_factory=set)  # tasks with a sample scored infra
     server_ms: float = 0.0
     env_ms: float = 0.0
 
@@ -55,7 +59,8 @@ class Usage:
         return {"job": self.job, "hour": self.hour, "episodes": self.episodes,
                 "turns": self.turns, "sampled_tokens": self.sampled_tokens,
                 "failure_classes": self.failures, "dead_letters": self.dead_letters,
-                "undecodable": self.undecodable, "server_s": round(self.server_ms / 1000, 3),
+                "undecodable": self.undecodable, "retries": self.retries,
+                "infra_groups": len(self.infra_tasks), "server_s": round(self.server_ms / 1000, 3),
                 "env_s": round(self.env_ms / 1000, 3)}
 
 
@@ -109,6 +114,9 @@ def job_usage(settings: Settings, job: Job, since_ms: int = 0) -> list[Usage]:
         usage.server_ms += sum(t["inference_ms"] for t in turns)
         usage.env_ms += sum(t["env_ms"] for t in turns)
         usage.failures[record["failure_class"]] += 1
+        usage.retries += record["trajectory"]["attempt"]
+        if record["failure_class"] == "infra":
+            usage.infra_tasks.add(record["trajectory"]["task"]["task_id"])
     for letter in dlq.dead_letters(own):
         if letter.event["failed_at_ms"] >= since_ms:
             at(letter.event["failed_at_ms"]).dead_letters += 1
@@ -124,13 +132,14 @@ def usage(settings: Settings, jobs: Iterable[Job], since_ms: int = 0) -> list[Us
 def table(rows: list[Usage]) -> str:
     """The rows as an aligned text table."""
     head = ("JOB", "HOUR", "EPISODES", "TURNS", "SAMPLED_TOKENS", *(c.upper() for c in
-            FAILURE_CLASSES), "DEAD_LETTERS", "SERVER_S", "ENV_S")
+            FAILURE_CLASSES), "RETRIES", "INFRA_GROUPS", "DEAD_LETTERS", "SERVER_S", "ENV_S")
     lines = [head]
     for row in rows:
         lines.append((row.job, row.hour, str(row.episodes), str(row.turns),
                       str(row.sampled_tokens), *(str(row.failures.get(c, 0))
                                                  for c in FAILURE_CLASSES),
-                      str(row.dead_letters), f"{row.server_ms / 1000:.1f}",
+                      str(row.retries), str(len(row.infra_tasks)), str(row.dead_letters),
+                      f"{row.server_ms / 1000:.1f}",
                       f"{row.env_ms / 1000:.1f}"))
     widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip()

@@ -348,6 +348,10 @@ class JobCounts:
         default_factory=lambda: [0] * (len(STALENESS_BUCKETS) + 1))
     staleness_sum: float = 0.0
     newest_version: int = -1  # the newest policy version of a turn it scored
+    retries: int = 0  # episodes RUN sent back for another attempt after an infra failure
+    retries_spent: int = 0  # infra failures RUN passed on with every retry spent
+    # Groups the trainer bridge let go untrained, by reason.
+    groups_dropped: defaultdict[str, int] = field(default_factory=lambda: defaultdict(int))
 
 
 _jobs: dict[str, JobCounts] = {"": JobCounts()}
@@ -398,6 +402,14 @@ class _JobCollector(Collector):
         sandbox = CounterMetricFamily("rollstream_sandbox_seconds_total",
                                       "Seconds sandboxes were alive, created to destroyed "
                                       "(live ones: up to now)")
+        retries = CounterMetricFamily("rollstream_episode_retries_total",
+                                      "Episodes played again in a fresh environment after an "
+                                      "infra failure (RUN)")
+        spent = CounterMetricFamily("rollstream_episode_retries_spent_total",
+                                    "Infra failures passed on to EVAL with every retry spent "
+                                    "(RUN)")
+        dropped = CounterMetricFamily("rollstream_groups_dropped_total",
+                                      "Groups the trainer bridge let go untrained, by reason")
         staleness = HistogramMetricFamily("rollstream_episode_staleness_versions",
                                           "Policy versions between a scored episode's oldest "
                                           "turn and the newest version of a turn this process "
@@ -416,9 +428,13 @@ class _JobCollector(Collector):
             _counter(tokens, labels, c.sampled_tokens)
             _counter(server, labels, c.server_seconds)
             _counter(sandbox, labels, sandbox_seconds + alive[name])
+            _counter(retries, labels, c.retries)
+            _counter(spent, labels, c.retries_spent)
+            for reason, n in list(c.groups_dropped.items()):
+                _counter(dropped, {"reason": reason, **labels}, n)
             _histogram(staleness, labels, STALENESS_BUCKETS, list(c.staleness_counts),
                        c.staleness_sum)
-        yield from (episodes, turns, tokens, server, sandbox, staleness)
+        yield from (episodes, turns, tokens, server, sandbox, retries, spent, dropped, staleness)
 
 
 REGISTRY.register(_JobCollector())
@@ -446,6 +462,21 @@ def turn(sampled_tokens: int) -> None:
     counts = _counts()
     counts.turns += 1
     counts.sampled_tokens += sampled_tokens
+
+
+def retried(spent: bool) -> None:
+    """RUN ended an episode as an infra failure: sent back for another attempt, or passed on
+    with its retries `spent`."""
+    counts = _counts()
+    if spent:
+        counts.retries_spent += 1
+    else:
+        counts.retries += 1
+
+
+def group_dropped(reason: str) -> None:
+    """The trainer bridge let a group go untrained (`reason`: why)."""
+    _counts().groups_dropped[reason] += 1
 
 
 def server_time(seconds: float) -> None:

@@ -32,7 +32,8 @@ def cli(settings: Settings):
 
 def test_create_list_show_and_the_state_changes(settings: Settings, cli, capsys) -> None:
     assert cli("create", "alpha", "--weight", "2", "--adapter", "alpha-lora",
-               "--quota-episodes", "16", "--partitions", "2") == 0
+               "--quota-episodes", "16", "--partitions", "2", "--retries", "1",
+               "--group-policy", "partial") == 0
     prefix = f"{settings.prefix}.alpha"
     names = AdminClient({"bootstrap.servers": settings.bootstrap_servers}).list_topics(
         timeout=30).topics
@@ -42,6 +43,7 @@ def test_create_list_show_and_the_state_changes(settings: Settings, cli, capsys)
     job = jobs.get(settings, "alpha")
     assert (job["weight"], job["adapter"], job["quota_episodes"], job["state"]) == (
         2.0, "alpha-lora", 16, "RUNNING")
+    assert (job["retries_infra"], job["group_policy"]) == (1, "partial")
 
     capsys.readouterr()
     assert cli("list") == 0

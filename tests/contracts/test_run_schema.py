@@ -21,15 +21,19 @@ def test_trajectory_written_before_new_sample_decodes_with_the_default() -> None
 
 def test_events_from_codecs_that_fingerprinted_types_by_name_stay_readable() -> None:
     # Before fingerprints expanded other files' types, Trajectory's named Turn only by name:
-    # that fingerprint now means the layout of its time, the v0 one.
+    # that fingerprint (the by-name one of Trajectory's layout until attempt was added) now
+    # means the layout of its time, the v0 one.
     old = schemas.read_history("history/trajectory.v0.avsc")
     named: dict = {}
     for raw in schemas.raw_schemas().values():
         parse_schema(raw, named_schemas=named)
-    by_name = parse_schema(schemas.raw_schemas()["Trajectory"], named_schemas=named)
+    layout = schemas.raw_schemas()["Trajectory"]
+    layout = {**layout, "fields": [f for f in layout["fields"] if f["name"] != "attempt"]}
+    by_name = parse_schema(layout, named_schemas=named)
     body = io.BytesIO()
     schemaless_writer(body, parse_schema(old), old_trajectory())
     crc = fingerprint(to_parsing_canonical_form(by_name), "CRC-64-AVRO")
+    assert schemas.legacy_fingerprints()[crc]["schema"] == "history/trajectory.v0.avsc"
     decoded = codec().decode_as("Trajectory", MAGIC + bytes.fromhex(crc) + body.getvalue())
     assert decoded["turns"][0]["completion_text"] == "B" and not decoded["turns"][0]["new_sample"]
     scored_old = schemas.read_history("history/scored_trajectory.v0.avsc")

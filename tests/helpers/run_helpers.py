@@ -57,7 +57,9 @@ async def play(
     after_each: Callable[[RunStage, int], Awaitable[None]] | None = None,
 ) -> tuple[list[dict], RunStage]:
     """Play every episode on one RunStage, `concurrency` at a time; trajectories in input
-    order. `after_each(stage, finished_count)` runs after each episode finishes."""
+    order. An episode RUN sends back for another attempt (an infra failure) is played again at
+    once, as RUN would take it from its input. `after_each(stage, finished_count)` runs after
+    each episode finishes."""
     stage = RunStage(settings, template)
     await stage.start()
     limit = asyncio.Semaphore(concurrency)
@@ -67,6 +69,8 @@ async def play(
         nonlocal finished
         async with limit:
             outputs = await stage.handle(episode, EventContext(0, 0, lambda out: None))
+            while again := [o.value for o in outputs if o.topic == stage.topics.episodes]:
+                outputs = await stage.handle(again[0], EventContext(0, 0, lambda out: None))
         finished += 1
         if after_each is not None:
             await after_each(stage, finished)

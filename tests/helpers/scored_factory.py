@@ -15,12 +15,12 @@ def turn(index: int, prompt: list[int], completion: list[int], version: int) -> 
 
 def scored(task_id: str, index: int, reward: float | None, *, group_size: int = 4,
            version: int = 0, failure_class: str | None = None,
-           turns: list[dict] | None = None) -> dict:
+           turns: list[dict] | None = None, attempt: int = 0) -> dict:
     task = validate_task({"task_id": task_id, "env": "copy_letter", "prompt": "Say a",
                           "data": {"letter": "a"}, "group_size": group_size})
     trajectory = {"episode_id": f"{task_id}#{index}", "task": task, "sample_index": index,
                   "turns": turns if turns is not None else
                   [turn(0, [258, 83, 260, 259], [97 + index, 260], version)],
-                  "termination": "DONE", "started_at_ms": 1}
+                  "termination": "DONE", "started_at_ms": 1, "attempt": attempt}
     return {"trajectory": trajectory, "reward": reward, "scored_at_ms": 2,
             "failure_class": failure_class or ("infra" if reward is None else "ok")}

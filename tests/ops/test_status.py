@@ -86,7 +86,8 @@ def test_status_renders_a_jobs_numbers() -> None:
             "job": {"name": "alpha", "episodes": 10, "failure_classes": {"ok": 9, "infra": 1},
                     "turns": 12, "sampled_tokens": 60, "dead_letters": 1,
                     "server_seconds": 3.5, "server_share": 0.25, "sandbox_seconds": 0.0,
-                    "staleness_mean": 1.5,
+                    "staleness_mean": 1.5, "retries": 3, "retries_spent": 1,
+                    "groups_dropped": {"infra": 1, "zero_variance": 2},
                     "adapter_lacking": [{"server": "http://vllm-1:8000", "adapter": "team-a-v3",
                                          "newest": True}]}}
     console = Console(record=True, width=300)
@@ -96,8 +97,34 @@ def test_status_renders_a_jobs_numbers() -> None:
             "60 tokens sampled, 1 dead-lettered, server time 3.5 s (25% of all jobs'), "
             "sandbox time 0 s, staleness 1.5 versions on average; server http://vllm-1:8000 "
             "lacks team-a-v3 (the job's newest adapter) and serves it nothing") in text
+    assert ("infra retries: 3 episodes played again, 1 failed with every retry spent; groups "
+            "dropped: infra 1, zero_variance 2") in text
     console.print(render({**snap, "job": {"name": "alpha"}}))  # no --metrics-url given
     assert "job alpha: give the fleet's --metrics-url" in console.export_text()
+
+
+def test_retry_numbers_are_runs_and_the_trainers_counts_from_metrics_pages() -> None:
+    from prometheus_client import REGISTRY, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from rollstream.ops.status import retry_numbers
+    from rollstream.telemetry import metrics
+
+    def count() -> None:
+        metrics.retried(spent=False)
+        metrics.retried(spent=False)
+        metrics.retried(spent=True)
+        metrics.group_dropped("infra")
+
+    metrics.job_context("retrying").run(count)
+    try:
+        families = list(text_string_to_metric_families(generate_latest(REGISTRY).decode()))
+        assert retry_numbers(families, "retrying") == {
+            "retries": 2, "retries_spent": 1, "groups_dropped": {"infra": 1}}
+        everyone = retry_numbers(families)  # without --job: every series on the pages
+        assert everyone["retries"] >= 2 and everyone["groups_dropped"]["infra"] >= 1
+    finally:
+        metrics.forget_job("retrying")
 
 
 def test_status_on_missing_topics_exits_78_naming_one(bootstrap: str) -> None:

@@ -61,20 +61,25 @@ def test_a_republished_task_is_expanded_once_even_after_a_restart(settings: Sett
 
 
 def test_a_duplicated_trajectory_is_scored_once_even_after_a_restart(settings: Settings) -> None:
-    def send(*episodes: tuple[str, int]) -> None:
+    def send(*episodes: tuple[str, int, int]) -> None:
         producer = kafka.producer(settings)
-        for task_id, index in episodes:
-            trajectory = scored(task_id, index, 1.0)["trajectory"]
+        for task_id, index, attempt in episodes:
+            trajectory = scored(task_id, index, 1.0, attempt=attempt)["trajectory"]
             kafka.produce(producer, settings.topics.trajectories,
                           codec().encode("Trajectory", trajectory), key=trajectory["episode_id"])
         producer.flush()
 
-    send(("x", 0), ("x", 1), ("x", 0), ("x", 0))
-    first = _run_until_keys(settings, EvalStage(settings), settings.topics.scored, 4, 2)
+    # (task, sample, attempt): x#1's attempt 0 arrives after its attempt 1, late.
+    send(("x", 0, 0), ("x", 1, 1), ("x", 0, 0), ("x", 0, 0), ("x", 1, 0))
+    first = _run_until_keys(settings, EvalStage(settings), settings.topics.scored, 5, 2)
     assert first == Counter({b"x#0": 1, b"x#1": 1})
-    send(("x", 1), ("y", 0), ("x", 0))
-    scored_keys = _run_until_keys(settings, EvalStage(settings), settings.topics.scored, 3, 3)
-    assert scored_keys == Counter({b"x#0": 1, b"x#1": 1, b"y#0": 1})
+    # After a restart: a newer attempt of x#0 is scored; x#1's attempt 1 (its marker's) is not.
+    send(("x", 1, 1), ("y", 0, 0), ("x", 0, 0), ("x", 0, 1))
+    scored_keys = _run_until_keys(settings, EvalStage(settings), settings.topics.scored, 4, 4)
+    assert scored_keys == Counter({b"x#0": 2, b"x#1": 1, b"y#0": 1})
+    attempts = sorted((m.key(), codec().decode_as("ScoredTrajectory", m.value())["trajectory"][
+        "attempt"]) for m in read_all(settings, settings.topics.scored, PARTITIONS))
+    assert attempts == [(b"x#0", 0), (b"x#0", 1), (b"x#1", 1), (b"y#0", 0)]
 
 
 def test_the_memory_is_bounded_oldest_forgotten_first(settings: Settings) -> None:

@@ -23,6 +23,9 @@ def test_a_new_job_takes_the_schema_defaults_and_the_cluster_prefix() -> None:
     assert (settings.prefix, settings.topics.tasks, settings.adapter) == (
         "rs.team-a", "rs.team-a.tasks", "team-a-lora")
     assert settings.admission_window == 0  # the job's, not the fleet's
+    assert (job["retries_infra"], job["group_policy"], settings.retries_infra) == (2, "drop", 2)
+    assert jobs.job_settings(Settings(), jobs.new_job("c", "rs", retries_infra=0)
+                             ).retries_infra == 0
     own = jobs.job_settings(Settings(prefix="rs"), jobs.new_job(
         "b", "rs", policy_urls=["http://10.0.0.1:8000", "http://10.0.0.2:8000"]))
     assert own.policy_urls() == ["http://10.0.0.1:8000", "http://10.0.0.2:8000"]
@@ -40,6 +43,8 @@ def test_a_new_job_takes_the_schema_defaults_and_the_cluster_prefix() -> None:
     ({"policy_urls": ["10.0.0.1:8000"]}, "list of http(s) URLs"),
     ({"adapter": "x", "policy_urls": ["http://a"]}, "not both"),
     ({"colour": "red"}, "unknown job fields ['colour']"),
+    ({"retries_infra": -1}, "retries_infra -1: must be 0 (none) or more"),
+    ({"group_policy": "keep"}, "group_policy 'keep': one of ['drop', 'partial']"),
 ])
 def test_bad_jobs_are_refused_saying_what_is_wrong(fields: dict, message: str) -> None:
     with pytest.raises(jobs.JobError, match=re.escape(message)):

@@ -35,13 +35,13 @@ def write(settings: Settings, topic: str, records: list[tuple[str, bytes]],
 
 
 def episode(task: str, index: int, at_ms: int, failure: str = "ok",
-            completions: tuple[int, ...] = (3,)) -> tuple[str, bytes]:
-    """A scored episode with one turn per entry of `completions`, that many tokens sampled
-    in 100 ms each on the server, and 10 ms each in the environment."""
+            completions: tuple[int, ...] = (3,), attempt: int = 0) -> tuple[str, bytes]:
+    """A scored episode (its `attempt`) with one turn per entry of `completions`, that many
+    tokens sampled in 100 ms each on the server, and 10 ms each in the environment."""
     turns = [turn(i, [1, 2], list(range(n)), 0) | {"inference_ms": 100.0 * n, "env_ms": 10.0 * n}
              for i, n in enumerate(completions)]
     record = scored(task, index, None if failure == "infra" else 1.0, failure_class=failure,
-                    turns=turns) | {"scored_at_ms": at_ms}
+                    turns=turns, attempt=attempt) | {"scored_at_ms": at_ms}
     return f"{task}#{index}", codec().encode("ScoredTrajectory", record)
 
 
@@ -68,8 +68,8 @@ def test_usage_counts_each_jobs_committed_records_per_hour(
             assert main(["jobs", "create", name, "--partitions", "2", *base]) == 0
         a = jobs.job_settings(settings, jobs.get(settings, "alpha"))
         b = jobs.job_settings(settings, jobs.get(settings, "beta"))
-        write(a, a.topics.scored, [episode("a", 0, HOUR + 1, completions=(3, 4)),
-                                   episode("a", 1, HOUR + 2, "infra", completions=(2,)),
+        write(a, a.topics.scored, [episode("a", 0, HOUR + 1, completions=(3, 4), attempt=1),
+                                   episode("a", 1, HOUR + 2, "infra", (2,), attempt=2),
                                    episode("a", 2, HOUR + HOUR_MS + 5, "truncated")])
         # A crashed writer's episodes: never committed, never counted.
         write(a, a.topics.scored, [episode("a", 9, HOUR + 3)], commit=False)
@@ -86,6 +86,9 @@ def test_usage_counts_each_jobs_committed_records_per_hour(
                 first["dead_letters"]) == (2, 3, 9, 1)
         assert first["failure_classes"] == {"ok": 1, "agent": 0, "env": 0, "infra": 1,
                                             "truncated": 0}
+        # Played again 1 + 2 times; one group ("a") lost a sample with its retries spent.
+        assert (first["retries"], first["infra_groups"]) == (3, 1)
+        assert (second["retries"], second["infra_groups"], beta["retries"]) == (0, 0, 0)
         assert (second["episodes"], second["turns"], second["sampled_tokens"],
                 second["dead_letters"], second["failure_classes"]["truncated"]) == (1, 1, 3, 1, 1)
         assert (beta["episodes"], beta["turns"], beta["sampled_tokens"], beta["dead_letters"],

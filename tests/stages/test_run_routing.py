@@ -235,6 +235,7 @@ def test_failing_server_ends_the_episode_as_infra_never_reward_zero(
     for trajectory in trajectories:
         assert trajectory["termination"] == "INFRA_ERROR", trajectory["termination_detail"]
         assert "4 times" in trajectory["termination_detail"]
+        assert trajectory["attempt"] == 2  # played again twice (the default limit), in vain
         outputs = asyncio.run(eval_stage.handle(trajectory, EventContext(0, 0, print)))
         [scored] = [o for o in outputs if o.topic == eval_stage.topics.scored]
         assert scored.value["failure_class"] == "infra" and scored.value["reward"] is None

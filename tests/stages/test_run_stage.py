@@ -118,6 +118,7 @@ def test_failing_server_ends_the_episode_as_infra_not_reward_zero(
     assert trajectory["termination"] == "INFRA_ERROR"
     assert "3 times" in trajectory["termination_detail"]
     assert trajectory["turns"] == []
+    assert trajectory["attempt"] == 2  # RUN played it twice more (the default), in vain
 
 
 def test_no_usable_server_means_no_episodes_taken(settings: Settings) -> None:

@@ -19,6 +19,7 @@ import json
 import logging
 from typing import Any, ClassVar
 
+from rollstream.contracts.events import FailureClass
 from rollstream.contracts.tool_calls import MalformedCall, parse_tool_calls
 from rollstream.envs.base import (
     Environment,
@@ -121,6 +122,10 @@ class SweEnv(Environment):
         sandbox = self._live.pop(state.get("sandbox") or "", None)
         if sandbox is not None:
             await sandbox.destroy()
+
+    def failure(self, state: dict) -> tuple[FailureClass, str] | None:
+        failure = state.get("failure")
+        return None if failure is None else (failure["class"], failure["detail"])
 
     # -- internals ------------------------------------------------------------------------------
 
