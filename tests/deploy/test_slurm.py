@@ -21,6 +21,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -60,12 +61,16 @@ class Slurm:
         self.root = root
         self.procs: list[subprocess.Popen] = []
         (root / "state").mkdir(parents=True)
+        # The sockets (munge's, each step's under the spool) in a short path of their own: a
+        # Unix socket's path holds at most 108 bytes, and one under a test's temporary folder
+        # went over (slurmd: launch failed, the job held and requeued until pytest's timeout).
+        self.sockets = Path(tempfile.mkdtemp(prefix="slurm-", dir="/tmp"))
         for node in nodes:
-            (root / "spool" / node).mkdir(parents=True)
+            (self.sockets / node).mkdir()
         key = root / "munge.key"
         key.write_bytes(os.urandom(1024))
         key.chmod(0o400)
-        socket = root / "munge.socket"
+        socket = self.sockets / "munge.socket"
         hostname = subprocess.run(["hostname", "-s"], capture_output=True, text=True,
                                   check=True).stdout.strip()
         self.conf = root / "slurm.conf"
@@ -79,7 +84,7 @@ class Slurm:
             f"AuthInfo=socket={socket}",
             f"StateSaveLocation={root / 'state'}",
             # %n: the node's name, so that each slurmd has its own.
-            f"SlurmdSpoolDir={root / 'spool' / '%n'}",
+            f"SlurmdSpoolDir={self.sockets / '%n'}",
             f"SlurmctldPidFile={root / 'slurmctld.pid'}",
             f"SlurmdPidFile={root / 'slurmd-%n.pid'}",
             f"SlurmctldLogFile={root / 'slurmctld.log'}",
@@ -149,6 +154,7 @@ class Slurm:
                 p.wait(30)
             except subprocess.TimeoutExpired:
                 p.kill()
+        shutil.rmtree(self.sockets, ignore_errors=True)
 
 
 @pytest.fixture
@@ -235,6 +241,9 @@ class Recipe:
             assert state and state <= {
                 "RUNNING", "PENDING", "CONFIGURING", "REQUEUED", "COMPLETING"}, (
                 f"job {job} is {state!r}: {self.output(job)}")
+            reasons = self.slurm.run("squeue", "-h", "-j", job, "-o", "%r", check=False)
+            assert "launch failed" not in reasons, (
+                f"job {job}: {reasons.strip()} (the slurmd logs in {self.slurm.root} say why)")
             assert time.monotonic() < deadline, f"{len(keys)} of {n} scored: {self.output(job)}"
             time.sleep(1)
         return keys

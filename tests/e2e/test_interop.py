@@ -89,11 +89,12 @@ def reference_inputs() -> dict[str, tuple[str, str, dict]]:
             "inference_ms": 2.0, "env_ms": 0.0, "new_sample": False}
     trajectory = {"episode_id": "ref-t#0", "task": played, "sample_index": 0, "turns": [turn],
                   "termination": "DONE", "termination_detail": "", "env_state": "{}",
-                  "started_at_ms": 1, "finished_at_ms": 2}
+                  "started_at_ms": 1, "finished_at_ms": 2, "attempt": 0}
     return {
         "tasks": ("Task", "ref-a", task),
         "episodes": ("Episode", "ref-e#0", {"episode_id": "ref-e#0", "task": lone,
-                                            "sample_index": 0, "created_at_ms": 1}),
+                                            "sample_index": 0, "created_at_ms": 1,
+                                            "attempt": 0}),
         "trajectories": ("Trajectory", "ref-t#0", trajectory),
     }
 
