@@ -60,6 +60,8 @@ class Page:
     prefix: str
     own_home: Path | None = None
     cwd: Path = field(init=False)
+    outputs: list[str] = field(default_factory=list)  # each shell block's, in order
+    started: float = field(default_factory=time.time)
 
     def __post_init__(self) -> None:
         self.cwd = self.workdir
@@ -222,8 +224,9 @@ def _page_params(name: str, pages: Pages, pytest: Any) -> list[Any]:
 def shell_evaluator(pages: Pages) -> object:
     def evaluate(example: Example) -> None:
         page = pages.of(example)
-        # Its output in the test's captured stdout (`pytest -rP` shows it).
-        print(run_shell(page, str(example.parsed), f"{page.name}:{example.line}"))
+        text = run_shell(page, str(example.parsed), f"{page.name}:{example.line}")
+        page.outputs.append(text)  # for a page's own checks of what its blocks printed
+        print(text)  # in the test's captured stdout (`pytest -rP` shows it)
     return evaluate
 
 

@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import re
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -15,42 +11,8 @@ from confluent_kafka import TopicPartition
 from rollstream.cluster import kafka
 from rollstream.config import Settings
 from rollstream.contracts.codec import codec
-from rollstream.dev.loop import LoopConfig
 from rollstream.dev.processes import ProcessGroup
 from tests.helpers.scored_factory import scored, turn
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(600)  # the demo's 3600 episodes beside the suite's other workers
-def test_the_demo_learns_summarizes_and_plots(settings: Settings, tmp_path: Path) -> None:
-    """`rollstream demo` as a user runs it, on the default workload (one run serves both what the
-    loop learns and what the command prints: the loop is the suite's most expensive workload)."""
-    result = subprocess.run(
-        [sys.executable, "-m", "rollstream.cli", "demo", "--seed", "3", "--timeout", "480",
-         "--bootstrap-servers", settings.bootstrap_servers, "--prefix", settings.prefix,
-         "--keep-topics", "--out", str(tmp_path)],
-        capture_output=True, text=True, timeout=540, env={**os.environ, "COLUMNS": "200"})
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    out = result.stdout
-    expected = LoopConfig.tasks * LoopConfig.group_size
-    assert f"{expected}/{expected}" in out  # every episode scored
-    for heading in ("mean reward by the policy version", "policy versions trained",
-                    "per-stage latency"):
-        assert heading in out
-    # The embedded template is append-only: one training sample per episode.
-    assert f"1.00 ({expected} in all)" in out
-    assert (tmp_path / "demo.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    fifths = re.search(r"first / last fifth of episodes\W+([\d.]+) → ([\d.]+)", out)
-    assert fifths is not None, out[-3000:]
-    first, last = float(fifths[1]), float(fifths[2])
-    assert first <= 0.3 and last >= 0.7, (first, last)
-    versions = [v["version"] for v in committed_versions(settings)]
-    assert versions == list(range(1, len(versions) + 1)) and len(versions) >= 10
-    # Later samples were sampled by later policies: the servers did reload.
-    scored = kafka.read_partitions(settings, kafka.whole_topic(settings, settings.topics.scored))
-    newest = max(scored, key=lambda m: m.timestamp()[1])
-    newest_turns = codec().decode_as("ScoredTrajectory", newest.value())["trajectory"]["turns"]
-    assert newest_turns[0]["policy_version"] >= 10
 
 
 def committed_versions(settings: Settings) -> list[dict]:

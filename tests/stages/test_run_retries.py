@@ -1,6 +1,6 @@
 """Infra retries on the real broker: RUN and EVAL as stage runtimes, two stand-in inference
-servers (one killed mid-run), an environment whose sandboxes die, and trainer bridges with
-either group policy reading what EVAL scored."""
+servers (one killed mid-run), an environment whose real bubblewrap sandboxes die, and trainer
+bridges with either group policy reading what EVAL scored."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ import json
 import threading
 import time
 from collections import Counter, defaultdict
+from collections.abc import Iterator
 from dataclasses import replace
+from pathlib import Path
 from typing import ClassVar
 
 import pytest
@@ -24,38 +26,53 @@ from rollstream.dev.simulated import Fleet, SimulatedServer
 from rollstream.envs import registry
 from rollstream.envs.base import Environment, Score, StepResult
 from rollstream.runtime import StageRuntime
-from rollstream.sandbox import SandboxError
+from rollstream.sandbox import Limits, Sandbox, SandboxSpec
+from rollstream.sandbox.bwrap import BwrapBackend, BwrapSandbox, delete_tree
 from rollstream.telemetry import metrics
 from stages.eval import EvalStage
 from stages.run import RunStage
 from tests.helpers.pipeline_helpers import wait
+from tests.helpers.sandbox_helpers import needs_bwrap, sandbox_root
 from trainer_bridge.bridge import TrainerBridge
 from trainer_bridge.groups import GroupPolicy
+
+__all__ = ["sandbox_root"]  # the fixture, imported for pytest
+
+pytestmark = needs_bwrap
 
 GROUP = 3
 TURNS = 3
 
 
 class FlakySandboxes(Environment):
-    """Each episode opens a stand-in sandbox at reset, numbered per task in order. The task's
-    `dies` says which fail: "first", the task's sandbox 0 at its first use (a SandboxError);
-    "dead", also every sandbox opened after the group's first three (the retries of sandbox
-    0's episode), recorded in the state as SWE records it; "env", sandbox 1 finds its task
-    broken (an environment error, recorded). The rest play TURNS turns."""
+    """Each episode opens a real bubblewrap sandbox at reset, numbered per task in order, and
+    runs a command in it at every turn. The task's `dies` says which fail: "first", the task's
+    sandbox 0 at its first use (its directory deleted under it, as a disk clean-up would: the
+    backend's own SandboxError); "dead", also every sandbox opened after the group's first
+    three (the retries of sandbox 0's episode), recorded in the state as SWE records it; "env",
+    sandbox 1 finds its task broken (an environment error, recorded). The rest play TURNS
+    turns."""
 
     name = "flaky_sandboxes"
-    description = "stand-in sandboxes that die (tests)"
+    description = "sandboxes that die (tests)"
     opened: ClassVar[Counter[str]] = Counter()
+    live: ClassVar[dict[str, Sandbox]] = {}
+    root: ClassVar[Path]
 
     async def reset(self, task: dict) -> dict:
         number = self.opened[task["task_id"]]
         self.opened[task["task_id"]] += 1
+        self.live[f"{task['task_id']}/{number}"] = await BwrapBackend(self.root).create(
+            SandboxSpec(limits=Limits(memory_mb=256, max_processes=16, timeout_s=10)))
         return {"sandbox": number, "turns": 0, "failure": None}
 
     async def step(self, task: dict, state: dict, completion_text: str) -> StepResult:
         dies, number = json.loads(task["data"])["dies"], state["sandbox"]
+        sandbox = self.live[f"{task['task_id']}/{number}"]
         if dies in ("first", "dead") and number == 0:
-            raise SandboxError(f"sandbox {number} of {task['task_id']} died at its first use")
+            assert isinstance(sandbox, BwrapSandbox)
+            delete_tree(sandbox.directory)
+        await sandbox.exec("true")  # the dead one raises here
         failure = None
         if dies == "dead" and number >= GROUP:
             failure = {"class": "infra", "detail": f"sandbox {number} died"}
@@ -80,11 +97,19 @@ class FlakySandboxes(Environment):
 
 
 @pytest.fixture
-def flaky(monkeypatch: pytest.MonkeyPatch) -> None:
+def flaky(monkeypatch: pytest.MonkeyPatch, sandbox_root: Path) -> Iterator[None]:
     # As an entry-point plug-in would be found, without installing a distribution.
     monkeypatch.setattr(registry, "_environments",
                         lambda: {**registry.BUILTINS, FlakySandboxes.name: FlakySandboxes})
     FlakySandboxes.opened.clear()
+    FlakySandboxes.root = sandbox_root
+    yield
+    # Episodes leave their sandboxes to the environment; sandbox_root checks none is left.
+    async def destroy() -> None:
+        for sandbox in FlakySandboxes.live.values():
+            await sandbox.destroy()
+    asyncio.run(destroy())
+    FlakySandboxes.live.clear()
 
 
 TASKS = {"first-a": "first", "first-b": "first", "dead": "dead", "env": "env"}
