@@ -4,6 +4,7 @@ sandboxes get reaped (leases), and the `rollstream sandbox list|sweep` commands 
 
 from rollstream.sandbox.backends import Sandboxes, get_backend
 from rollstream.sandbox.base import (
+    HARNESS_TIMEOUT_S,
     WORKDIR,
     Backend,
     ExecResult,
@@ -15,6 +16,7 @@ from rollstream.sandbox.base import (
 from rollstream.sandbox.settings import SandboxSettings
 
 __all__ = [
+    "HARNESS_TIMEOUT_S",
     "WORKDIR",
     "Backend",
     "ExecResult",

@@ -51,6 +51,11 @@ class Limits:
     output_bytes: int = 1 << 20  # per command, head + tail
     timeout_s: float = 30.0  # per command, unless the call says otherwise
 
+
+# The harness's own commands (reading a file, writing files, git) are quick, but on a busy host
+# each waits its turn; the bound is for what an agent may leave in their way (a FIFO, say).
+HARNESS_TIMEOUT_S = 120.0
+
 @dataclass(frozen=True)
 class SandboxSpec:
     """What to start: an `image` (docker) with the repository at `workdir`, or an empty
@@ -179,7 +184,8 @@ class Sandbox(ABC):
             '[ "$n" -le "$2" ] && exec cat -- "$1"; fi'
         )
         result = await self.exec(["bash", "-c", script, "read_file", path, str(max_bytes)],
-                                 timeout_s=10, output_bytes=max_bytes + 64)
+                                 timeout_s=HARNESS_TIMEOUT_S,
+                                 output_bytes=max_bytes + 64)
         status, _, content = result.output.partition(b"\n")
         answer = status.decode(errors="replace").strip()
         if answer == "dir":

@@ -30,6 +30,7 @@ import logging
 import os
 import select
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -39,6 +40,7 @@ from pathlib import Path
 
 from rollstream.sandbox import cgroups, seccomp
 from rollstream.sandbox.base import (
+    HARNESS_TIMEOUT_S,
     INODES_PER_MB,
     Backend,
     Limits,
@@ -54,9 +56,10 @@ from rollstream.sandbox.settings import UIDS_ENV
 log = logging.getLogger(__name__)
 
 MARKER = "ROLLSTREAM_SANDBOX_DIR"  # set in every sandboxed process: finds leftovers
+COMMAND_MARKER = "ROLLSTREAM_SANDBOX_COMMAND"  # one per command: finds all of it to kill
 DEFAULT_UIDS = (1_000_000, 1_065_535)
 REAP_INTERVAL_S = 30.0
-KILL_GRACE_S = 10.0  # from killing bwrap to its output pipe closing
+KILL_GRACE_S = 30.0  # from killing a command to its output pipe closing (a busy host is slow)
 # Read-only system files a shell, git and Python need; secrets (shadow) are not among them.
 ETC_FILES = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "localtime",
              "passwd", "group", "nsswitch.conf", "gitconfig", "mime.types")
@@ -185,8 +188,13 @@ def available() -> str | None:
 def sandbox_processes() -> dict[int, str]:
     """Live processes of any bwrap sandbox on this host, bwrap's own included: pid -> the
     sandbox's directory (from the marker in their environment)."""
+    return _marked(MARKER)
+
+
+def _marked(name: str) -> dict[int, str]:
+    """Live processes whose environment sets `name`: pid -> its value."""
     found: dict[int, str] = {}
-    needle = MARKER.encode() + b"="
+    needle = name.encode() + b"="
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
@@ -199,6 +207,16 @@ def sandbox_processes() -> dict[int, str]:
                 found[int(entry.name)] = value[len(needle):].decode(errors="replace")
                 break
     return found
+
+
+def _kill_command(token: str) -> None:
+    """SIGKILL every process of one command, bwrap's own pid 1 among them (which ends the
+    whole pid namespace). bwrap's pid 1 dies with bwrap only once it has set its parent-death
+    signal: a command killed while still starting would otherwise live on, unwatched."""
+    for pid, value in _marked(COMMAND_MARKER).items():
+        if value == token:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def _memfd(data: bytes) -> int:
@@ -261,6 +279,7 @@ class BwrapSandbox(Sandbox):
             options += ["--seccomp", str(filter_fd)]
         args_fd = _memfd(b"\0".join(a.encode() for a in options) + b"\0")
         fds = (status_w, args_fd) if filter_fd is None else (status_w, args_fd, filter_fd)
+        token = uuid.uuid4().hex
         try:
             proc = await asyncio.create_subprocess_exec(
                 *(self.group.join_prefix() if self.group else ()),
@@ -272,7 +291,7 @@ class BwrapSandbox(Sandbox):
                 stdin=asyncio.subprocess.PIPE if stdin is not None else
                 asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.STDOUT, pass_fds=fds,
-                env=self._env)
+                env={**self._env, COMMAND_MARKER: token})
         except OSError as exc:
             os.close(status_r)
             raise SandboxError(f"cannot start bwrap: {exc}") from exc
@@ -288,7 +307,11 @@ class BwrapSandbox(Sandbox):
         except TimeoutError:
             timed_out = True
         finally:
-            await self._end(proc, reader)
+            try:
+                await self._end(proc, reader, token)
+            except SandboxError:
+                os.close(status_r)  # what holds its other end may never close it
+                raise
             status = await asyncio.to_thread(_read_all, status_r)
         if not timed_out and b'"child-pid"' not in status:
             raise SandboxError(f"sandbox {self.id} failed to start: "
@@ -296,16 +319,17 @@ class BwrapSandbox(Sandbox):
         code = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
         return _exit_code(status, code), timed_out
 
-    async def _end(self, proc: asyncio.subprocess.Process, reader: asyncio.Future) -> None:
+    async def _end(self, proc: asyncio.subprocess.Process, reader: asyncio.Future,
+                   token: str) -> None:
         """Kill what still runs and wait, boundedly, for the output pipe to close."""
-        if proc.returncode is None:
-            # Killing bwrap kills its pid 1 (--die-with-parent), and with it the namespace.
+        if not reader.done():
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
+            await asyncio.to_thread(_kill_command, token)
         try:
             await asyncio.wait_for(reader, KILL_GRACE_S)
         except TimeoutError:
-            # Nothing in the namespace survives bwrap, so this is the kernel or bwrap wedged.
+            # Every process of the command was killed, so this is the kernel wedged.
             transport = getattr(proc, "_transport", None)
             if transport is not None:
                 transport.close()
@@ -328,7 +352,7 @@ class BwrapSandbox(Sandbox):
 
     async def write_files(self, files: Mapping[str, bytes]) -> None:
         result = await self.exec(["tar", "-x", "-C", "/", "--no-same-owner", "-f", "-"],
-                                 stdin=tar_files(files), timeout_s=60)
+                                 stdin=tar_files(files), timeout_s=HARNESS_TIMEOUT_S)
         if not result.ok:
             raise OSError(f"cannot write {', '.join(files)}: {result.text.strip()}")
 

@@ -127,7 +127,7 @@ def _probe_as(prefix: list[str], root: Path) -> None:
                   if "=" in line)
     assert set(inside) <= {"PATH", "HOME", "TMPDIR", "LANG", "TERM", "PAGER", "GIT_PAGER",
                            "PYTHONDONTWRITEBYTECODE", "PYTHONUNBUFFERED", "PWD", "SHLVL", "_",
-                           "ROLLSTREAM_SANDBOX_DIR"}
+                           "ROLLSTREAM_SANDBOX_DIR", "ROLLSTREAM_SANDBOX_COMMAND"}
     assert not list(root.glob("bw-*"))
 
 
@@ -273,6 +273,18 @@ def test_a_command_still_printing_at_its_timeout_returns(sandbox_root: Path,
     assert time.monotonic() - started < 2 + 10
     assert result.timed_out and not result.ok
     assert len(result.output) < (1 << 20) + 100
+    assert not processes_in(sandbox_root)
+
+
+def test_a_command_killed_while_it_starts_leaves_nothing(sandbox_root: Path) -> None:
+    # Timeouts from 0 up to past bwrap's start-up: the kill lands at every stage of it (the
+    # cgroup join, nsenter, bwrap before and after it forks the namespace's pid 1).
+    async def body(sandbox: BwrapSandbox):
+        return [await sandbox.exec("while :; do echo x; done", timeout_s=i / 100)
+                for i in range(30)]
+
+    results = run(_with_sandbox(sandbox_root, body))
+    assert all(r.timed_out and not r.ok for r in results)
     assert not processes_in(sandbox_root)
 
 

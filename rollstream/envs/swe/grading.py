@@ -35,7 +35,14 @@ from rollstream.envs.swe.instance import SweInstance, patch_files
 from rollstream.envs.swe.junit import JUNIT_OPTIONS, parse_junit
 from rollstream.envs.swe.log_parsers import PASSING, get_parser
 from rollstream.envs.swe.workspace import WorkspaceError
-from rollstream.sandbox import ExecResult, Sandbox, SandboxError, Sandboxes, SandboxSpec
+from rollstream.sandbox import (
+    HARNESS_TIMEOUT_S,
+    ExecResult,
+    Sandbox,
+    SandboxError,
+    Sandboxes,
+    SandboxSpec,
+)
 
 LOG_BYTES = 4 << 20  # test logs: the summary is at the end, so the tail is kept
 REPORT_BYTES = 16 << 20
@@ -146,10 +153,11 @@ async def _run_in(sandbox: Sandbox, instance: SweInstance, patch: str) -> SuiteR
         quoted = " ".join(shlex.quote(t) for t in restore)
         await sandbox.exec(f"for f in {quoted}; do if git cat-file -e {base}:\"$f\" 2>/dev/null; "
                            f"then git checkout -q {base} -- \"$f\"; else rm -f -- \"$f\"; fi; "
-                           "done; true")
+                           "done; true", timeout_s=HARNESS_TIMEOUT_S)
     if instance.test_patch:
         test_apply = await sandbox.exec(["git", "apply", "--verbose", "-"],
-                                        stdin=instance.test_patch.encode())
+                                        stdin=instance.test_patch.encode(),
+                                        timeout_s=HARNESS_TIMEOUT_S)
         if not test_apply.ok:
             raise WorkspaceError(f"the test patch does not apply: {test_apply.text.strip()}")
     directives = " ".join(shlex.quote(d) for d in instance.directives)

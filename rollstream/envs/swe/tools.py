@@ -16,7 +16,7 @@ from typing import Any
 
 from rollstream.contracts.tool_calls import ToolCall
 from rollstream.envs.swe.instance import ScaffoldConfig
-from rollstream.sandbox import Sandbox
+from rollstream.sandbox import HARNESS_TIMEOUT_S, Sandbox
 
 MAX_FILE_BYTES = 1 << 20  # the editor's limit: larger files are for bash
 UNDO_BUDGET_CHARS = 200_000  # across all files; the oldest entries go first
@@ -156,7 +156,7 @@ class Tools:
     async def _view(self, call: ToolCall, path: str) -> str:
         listing = await self.sandbox.exec(
             f"test -d {shlex.quote(path)} && find {shlex.quote(path)} -maxdepth 2 "
-            f"-not -path '*/.*' | sort", timeout_s=30)
+            f"-not -path '*/.*' | sort", timeout_s=HARNESS_TIMEOUT_S)
         if listing.ok:
             return f"Files and directories up to 2 levels deep in {path}:\n{listing.text}"
         text = await self._read(path)
@@ -176,7 +176,8 @@ class Tools:
 
     async def _create(self, call: ToolCall, path: str) -> str:
         text = _arg(call, "file_text", str)
-        exists = await self.sandbox.exec(["test", "-e", path], timeout_s=10)
+        exists = await self.sandbox.exec(["test", "-e", path],
+                                         timeout_s=HARNESS_TIMEOUT_S)
         if exists.ok:
             raise ToolError(f"file already exists at {path}; `create` cannot overwrite it")
         await self._write(path, text, None)

@@ -13,7 +13,7 @@ import shlex
 from dataclasses import dataclass
 
 from rollstream.envs.swe.instance import SweInstance
-from rollstream.sandbox import Sandbox
+from rollstream.sandbox import HARNESS_TIMEOUT_S, Sandbox
 
 # Fixed so that a snapshot always yields the same commit id.
 _GIT_IDENTITY = ("GIT_AUTHOR_NAME=rollstream GIT_AUTHOR_EMAIL=rollstream@localhost "
@@ -41,7 +41,8 @@ class ApplyResult:
     log: str
 
 
-async def _git(sandbox: Sandbox, script: str, what: str, timeout_s: float = 120) -> str:
+async def _git(sandbox: Sandbox, script: str, what: str,
+               timeout_s: float = HARNESS_TIMEOUT_S) -> str:
     result = await sandbox.exec(script, timeout_s=timeout_s)
     if not result.ok:
         raise WorkspaceError(f"{what} failed (exit {result.exit_code}): {result.text.strip()}")
@@ -83,7 +84,8 @@ async def diff(sandbox: Sandbox, base: str, max_bytes: int) -> str:
     binary patches). Raises ValueError when it is over `max_bytes`."""
     script = (f"export GIT_INDEX_FILE={_INDEX}; git read-tree {base} && git add -A && "
               f"git diff --cached --binary {base}")
-    result = await sandbox.exec(script, timeout_s=60, output_bytes=max_bytes + 1)
+    result = await sandbox.exec(script, timeout_s=HARNESS_TIMEOUT_S,
+                                 output_bytes=max_bytes + 1)
     if result.omitted_bytes:
         raise ValueError(f"the patch is larger than {max_bytes} bytes")
     if not result.ok:
@@ -108,7 +110,7 @@ async def apply_patch(sandbox: Sandbox, patch: str, base: str, name: str) -> App
         if i:
             await reset(sandbox, base)
         command = template.format(patch=path)
-        result = await sandbox.exec(command, timeout_s=120)
+        result = await sandbox.exec(command, timeout_s=HARNESS_TIMEOUT_S)
         log.append(f"$ {command}\n{result.text.strip()}")
         if result.ok:
             return ApplyResult(True, command, "\n".join(log))
