@@ -158,6 +158,11 @@ def train(settings: Settings, policy: str) -> tuple[dict[str, list], Counter[str
         return groups, Counter(bridge.stats)
 
 
+def later_turn(server: SimulatedServer) -> bool:
+    lengths = [len(body["prompt"]) for body in server.received]
+    return bool(lengths) and max(lengths) > min(lengths)
+
+
 def test_infra_failures_are_retried_numbered_bounded_and_groups_never_shrink_silently(
         settings: Settings, flaky: None, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("rollstream.turns.RETRY_DELAYS_S", (0.05, 0.1, 0.2, 0.4))
@@ -171,9 +176,12 @@ def test_infra_failures_are_retried_numbered_bounded_and_groups_never_shrink_sil
                     StageRuntime(EvalStage(settings), settings)]
         threads = serve(runtimes)
         try:
+            # Server 0 dies once it has answered an episode's second turn (a longer prompt
+            # than the first's): that episode passed its first step, so its third turn goes on
+            # on the other server.
             deadline = time.monotonic() + 30
-            while len(fleet.servers[0].returned) < 2:  # its episodes' first turns, taken
-                assert time.monotonic() < deadline, "server 0 took no turns"
+            while not later_turn(fleet.servers[0]):
+                assert time.monotonic() < deadline, "server 0 answered no second turn"
                 time.sleep(0.01)
             fleet.kill(0)
             wait(lambda: len(read(settings, settings.topics.scored, "ScoredTrajectory"))
