@@ -171,10 +171,9 @@ image:
 	docker build --build-arg EXTRAS=$(IMAGE_EXTRAS) -t $(IMAGE) .
 
 # The workers share one broker (tests/conftest.py); many tests wait on processes and the broker,
-# so more workers than cores overlap well. With four, the 2 cores were busy for the first 330 s
-# of a 564 s main session, then about half idle while the last files, mostly waiting, ran; six
-# kept them busy to the end and took 461 s (574 s beside a CPU hog). TEST_WORKERS=0 runs the
-# suite in one process.
+# so more workers than cores overlap well: six keep the 2 cores busy to the end (with four, half
+# idle while the last files, mostly waiting, ran). The main session took 1295 s in CI on 2 cores.
+# TEST_WORKERS=0 runs the suite in one process.
 TEST_WORKERS ?= 6
 # The trainer adapters' tests train on the CPU: two workers took 99-106 s, three 156 s.
 TRAINER_TEST_WORKERS ?= 2
