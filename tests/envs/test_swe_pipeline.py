@@ -42,8 +42,11 @@ def run_pipeline(settings: Settings, logs: Path, policy: list[str],
     episode to be scored; returns the ScoredTrajectory events."""
     procs = ProcessGroup(logs)
     port = free_port()
+    # Eight episodes at a time per stage, not all 26: each holds a sandbox whose commands take
+    # a core, and with 26 at once beside the other workers' tests the load reached 84 on 2
+    # cores and the shared broker stalled for a minute.
     common = ["--bootstrap-servers", settings.bootstrap_servers, "--prefix", settings.prefix,
-              "--commit-interval-ms", "100"]
+              "--commit-interval-ms", "100", "--max-in-flight", "8"]
     try:
         server = procs.start("policy", *policy, "--port", str(port))
         for stage in ("init", "run", "eval"):
