@@ -7,7 +7,7 @@ import argparse
 import json
 from dataclasses import fields
 
-from rollstream.deploy.plan import PlanError, Workload, plan, render
+from rollstream.deploy.plan import LAG_SOURCES, PlanError, Workload, plan, render
 
 
 def register_cli(sub: argparse._SubParsersAction) -> None:
@@ -25,11 +25,15 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
              "eval_s": "mean scoring time per episode, seconds",
              "max_in_flight": "events one RUN / EVAL process works on at once",
              "commit_interval_ms": "the stages' commit interval",
-             "server_max_num_seqs": "sequences one inference server decodes at once"}
+             "server_max_num_seqs": "sequences one inference server decodes at once",
+             "lag_source": "where KEDA reads the lag, the chart's autoscaling.lagSource: "
+                           "status or prometheus (Rollstream's count) or kafka (Kafka's, "
+                           "which adds a commit marker per partition)"}
     for f in fields(Workload):
         default = getattr(defaults, f.name)
         parser.add_argument(f"--{f.name.replace('_', '-')}", type=type(default),
                             required=f.name == "task_rate", default=default,
+                            choices=LAG_SOURCES if f.name == "lag_source" else None,
                             help=helps[f.name] + ("" if f.name == "task_rate"
                                                   else f" (default {default})"))
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")

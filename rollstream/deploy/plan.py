@@ -9,10 +9,13 @@ the constants below equal to them):
 - EVAL holds each trajectory for its scoring time, `max_in_flight` per process.
 - INIT is CPU-bound: STAGE_CPU_S_PER_EVENT per event in and out (the metrics benchmark's
   decoding, re-encoding stage), a task in and `group_size` episodes out.
-- A stage's Kafka lag (high watermark minus committed offset, what KEDA reads) is at least what
-  it holds in flight, as those are not committed, plus 1 per partition (the commit marker of the
-  last transaction). KEDA then runs ceil(lag / lagThreshold) replicas, at most the partitions;
-  each stage's threshold is chosen here so that this is the replicas the stage needs.
+- A stage's lag is at least what it holds in flight, as those are not committed (and at least
+  one event: a stage with work holds some). Where it is read matters (the chart's
+  `autoscaling.lagSource`): Rollstream's own count (`status`, `prometheus`) stops there; Kafka's
+  (`kafka`: high watermark minus committed offset, what KEDA's Kafka scaler reads) adds 1 per
+  partition, the commit marker of the last transaction. KEDA then runs ceil(lag /
+  lagThreshold) replicas, at most the partitions; each stage's threshold is chosen here so that
+  this is the replicas the stage needs.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ CPU_S_PER_TURN = SCALING_CPU_S_PER_EPISODE / SCALING_TURNS
 STAGE_CPU_S_PER_EVENT = 18.7e-6
 MAX_PARTITIONS = 256
 FILL = 0.75  # of a process's in-flight slots and CPU the plan uses: room for bursts
+# The chart's autoscaling.lagSource values; only Kafka's own count sees the commit markers.
+LAG_SOURCES = ("status", "prometheus", "kafka")
 
 
 class PlanError(ValueError):
@@ -45,6 +50,7 @@ class Workload:
     max_in_flight: int = 64  # events one RUN / EVAL process works on at once
     commit_interval_ms: int = 200
     server_max_num_seqs: int = 256  # sequences one inference server decodes at once
+    lag_source: str = "status"  # where KEDA reads the lag (the chart's autoscaling.lagSource)
 
     def check(self) -> None:
         for name in ("task_rate", "turns", "server_max_num_seqs", "max_in_flight",
@@ -54,6 +60,13 @@ class Workload:
         for name in ("decode_s", "tool_s", "eval_s"):
             if getattr(self, name) < 0:
                 raise PlanError(f"{name} must not be negative, got {getattr(self, name)}")
+        if self.lag_source not in LAG_SOURCES:
+            raise PlanError(f"lag_source must be one of {', '.join(LAG_SOURCES)}, "
+                            f"got {self.lag_source!r}")
+
+    def markers(self, partitions: int) -> int:
+        """The commit markers in the lag KEDA reads: one per partition in Kafka's count."""
+        return partitions if self.lag_source == "kafka" else 0
 
     @property
     def episodes_per_s(self) -> float:
@@ -66,7 +79,7 @@ class StagePlan:
     in_flight: float  # events held at once, over all replicas (Little's law)
     cpu_cores: float  # CPU the stage spends, over all replicas
     replicas: int
-    lag: int  # the lag Kafka shows at that load: in flight + 1 per partition
+    lag: int  # the lag KEDA reads at that load: in flight (+ 1 per partition from Kafka)
     lag_threshold: int  # KEDA's lagThreshold: ceil(lag / it) = replicas
 
 
@@ -84,7 +97,8 @@ class Plan:
 
 
 def keda_replicas(lag: int, lag_threshold: int, partitions: int) -> int:
-    """What KEDA's Kafka scaler asks for (ceil(lag / lagThreshold), at most the partitions)."""
+    """What KEDA asks for (ceil(lag / lagThreshold), at most the partitions: the chart's
+    maxReplicaCount)."""
     return min(partitions, math.ceil(lag / lag_threshold))
 
 
@@ -94,12 +108,12 @@ def _need(in_flight: float, cpu_cores: float, slots: int | None) -> int:
     return max(1, by_slots, math.ceil(cpu_cores / FILL))
 
 
-def _stage(name: str, in_flight: float, cpu_cores: float, need: int,
-           partitions: int) -> StagePlan:
-    """The lag threshold at which the lag Kafka shows at this load makes KEDA run `need`
+def _stage(name: str, in_flight: float, cpu_cores: float, need: int, partitions: int,
+           markers: int) -> StagePlan:
+    """The lag threshold at which the lag KEDA reads at this load makes it run `need`
     replicas: the largest whose replica count is at least the need (where few events of lag
     per replica allow no exact one, KEDA's count, a little above the need, is the plan's)."""
-    lag = math.ceil(in_flight) + partitions
+    lag = max(1, math.ceil(in_flight)) + markers
     threshold = math.ceil(lag / need)  # gives at most `need`; a lower one gives more
     while threshold > 1 and keda_replicas(lag, threshold, partitions) < need:
         threshold -= 1
@@ -126,7 +140,7 @@ def plan(w: Workload) -> Plan:
                         "max_in_flight")
     # A power of two: replicas of 1, 2, 4... each get an even share of the partitions.
     partitions = 1 << max(0, math.ceil(math.log2(most)))
-    stages = [_stage(name, in_flight, cpu, needs[name], partitions)
+    stages = [_stage(name, in_flight, cpu, needs[name], partitions, w.markers(partitions))
               for name, in_flight, cpu, _ in loads]
     in_decode = episodes * w.turns * w.decode_s  # completions being decoded at once
     servers = max(1, math.ceil(in_decode / (w.server_max_num_seqs * FILL)))

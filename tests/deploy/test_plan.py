@@ -1,8 +1,8 @@
 """`rollstream plan` against KEDA's formula and the measured numbers: for workloads up to 256
-partitions and 10,000 concurrent episodes, the lag Kafka shows at the planned load (Little's
-law, counted here, plus the commit marker of each partition) gives, through ceil(lag /
-lagThreshold) capped at the partitions, the replicas the plan says, and they have the in-flight
-room and CPU the load needs."""
+partitions and 10,000 concurrent episodes, the lag KEDA reads at the planned load (Little's
+law, counted here; plus the commit marker of each partition where the lag is Kafka's own count)
+gives, through ceil(lag / lagThreshold) capped at the partitions, the replicas the plan says,
+and they have the in-flight room and CPU the load needs."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import json
 import math
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -41,8 +42,10 @@ def test_constants_are_the_measured_ones() -> None:
         planner.STAGE_CPU_S_PER_EVENT)
 
 
+@pytest.mark.parametrize("source", ["status", "kafka"])
 @pytest.mark.parametrize("w", WORKLOADS, ids=lambda w: f"{w.task_rate:g}tasks/s")
-def test_keda_runs_the_planned_replicas_at_the_planned_load(w: Workload) -> None:
+def test_keda_runs_the_planned_replicas_at_the_planned_load(w: Workload, source: str) -> None:
+    w = replace(w, lag_source=source)
     p = plan(w)
     assert 1 <= p.partitions <= 256 and p.partitions & (p.partitions - 1) == 0
     episodes = w.task_rate * w.group_size
@@ -54,7 +57,9 @@ def test_keda_runs_the_planned_replicas_at_the_planned_load(w: Workload) -> None
            "eval": episodes * planner.STAGE_CPU_S_PER_EVENT}
     assert p.concurrent_episodes == pytest.approx(in_flight["run"], rel=1e-3)
     for s in p.stages:
-        lag = math.ceil(in_flight[s.stage]) + p.partitions  # + 1 commit marker per partition
+        lag = max(1, math.ceil(in_flight[s.stage]))  # a stage with work holds some
+        if source == "kafka":
+            lag += p.partitions  # Kafka's count: + 1 commit marker per partition
         assert s.lag == lag
         keda = min(p.partitions, math.ceil(lag / s.lag_threshold))
         assert keda == s.replicas == keda_replicas(lag, s.lag_threshold, p.partitions)
@@ -94,3 +99,15 @@ def test_cli_prints_the_plan_and_one_line_errors() -> None:
     assert bad.returncode != 0
     assert bad.stderr.strip().count("\n") == 0 and "Traceback" not in bad.stderr
     assert "more than 256 partitions" in bad.stderr
+
+
+def test_the_lag_source_decides_whether_markers_count() -> None:
+    """Rollstream's count (the chart's default) has no commit markers: with 64 partitions,
+    Kafka's count puts 64 more events of lag on every stage."""
+    w = Workload(task_rate=20, turns=5)
+    ours, kafkas = plan(w), plan(replace(w, lag_source="kafka"))
+    assert ours.partitions == kafkas.partitions == 64
+    for a, b in zip(ours.stages, kafkas.stages, strict=True):
+        assert b.lag - a.lag == 64
+    with pytest.raises(PlanError, match="lag_source must be one of status, prometheus, kafka"):
+        plan(replace(w, lag_source="lag"))
