@@ -1,7 +1,7 @@
 """RUN's CPU per agent turn: what one RUN process spends on each turn of `EPISODES` concurrent
 episodes, against an inference server that answers at once, with one job's adapter and with
-`JOBS_MANY` jobs' adapters on the same server; and of `MANY` x `EPISODES` concurrent episodes
-with one job, to show how the cost per turn follows the episodes in flight.
+`JOBS_MANY` jobs' adapters on the same server; and of each of `MANY` x `EPISODES` concurrent
+episodes with one job, to show how the cost per turn follows the episodes in flight.
 
 The server (rollstream.dev.simulated, decode steps of no duration, every job's adapters listed)
 runs in a child process, so the CPU measured (`time.process_time()` of this process, all its
@@ -40,10 +40,12 @@ from stages.run import RunStage
 
 NAME = "turn_cpu"
 EPISODES = 1000
-MANY = 4  # the layout with MANY x EPISODES episodes in flight (one job)
+MANY = (4, 10)  # the layouts with MANY x EPISODES episodes in flight (one job)
 TURNS = 4
 JOBS_MANY = 8
-TARGET_MS = 1.0  # CPU per turn
+TARGET_MS = 1.0  # CPU per turn, every layout
+TARGET_AT_4K_MS = 0.5  # CPU per turn with 4,000 episodes in flight, steady
+TARGET_GROWTH = 1.2  # at 10,000 episodes over at 4,000
 
 
 class Instant(Environment):
@@ -142,8 +144,8 @@ def run(quick: bool = False) -> dict[str, Any]:
         url = parent.recv()
         with mock.patch.dict(registry._environments(), {Instant.name: Instant}):
             asyncio.run(measure(url, 1, min(n, 100)))  # warm-up: imports, caches
-            rows = [asyncio.run(measure(url, jobs, episodes))
-                    for jobs, episodes in ((1, n), (1, MANY * n), (JOBS_MANY, n))]
+            layouts = [(1, n), *((1, k * n) for k in MANY), (JOBS_MANY, n)]
+            rows = [asyncio.run(measure(url, jobs, episodes)) for jobs, episodes in layouts]
     finally:
         parent.send("stop")
         server.join(10)
@@ -153,20 +155,31 @@ def run(quick: bool = False) -> dict[str, Any]:
                 [[r["jobs"], r["episodes"], phase, r[phase]["turns"], r[phase]["cpu_s"],
                   r[phase]["cpu_ms_per_turn"], r[phase]["turns_per_s"]]
                  for r in rows for phase in ("cold", "steady")])
-    growth = round(rows[1]["steady"]["cpu_ms_per_turn"] / rows[0]["steady"]["cpu_ms_per_turn"],
-                   3)
-    print(f"   one job, steady: CPU per turn at {MANY * n} episodes / at {n}: {growth}x")
+    steady = {r["episodes"]: r["steady"]["cpu_ms_per_turn"] for r in rows if r["jobs"] == 1}
+    sizes = [n, *(k * n for k in MANY)]
+    # How the cost per turn grows with the episodes in flight: each size over each smaller one.
+    growth = {f"{big}/{small}": round(steady[big] / steady[small], 3)
+              for i, big in enumerate(sizes) for small in sizes[:i]}
+    for pair, ratio in growth.items():
+        print(f"   one job, steady: CPU per turn at {pair} episodes: {ratio}x")
+    at_4k, largest = steady[MANY[0] * n], sizes[-1]
     doc = {
         "quick": quick,
-        "setup": {"episodes_in_flight": [n, MANY * n], "turns_per_episode": TURNS,
+        "setup": {"episodes_in_flight": sizes, "turns_per_episode": TURNS,
                   "server": "simulated, in a child process, answering at once",
                   "jobs": "one RunStage (router + adapter) per job in one process"},
         "results": rows,
-        "steady_cpu_per_turn_many_over_base": growth,
+        "steady_cpu_per_turn_growth": growth,
         "target": {"description": f"RUN's CPU per turn <= {TARGET_MS} ms with 1 and "
                                   f"{JOBS_MANY} jobs, cold and steady",
                    "met": worst <= TARGET_MS,
                    "worst_cpu_ms_per_turn": worst},
+        "target_scale": {
+            "description": f"steady, one job: <= {TARGET_AT_4K_MS} ms per turn at {sizes[1]} "
+                           f"episodes, and at {largest} within {TARGET_GROWTH}x of that",
+            "met": at_4k <= TARGET_AT_4K_MS
+            and steady[largest] <= TARGET_GROWTH * at_4k,
+            "cpu_ms_per_turn": {sizes[1]: at_4k, largest: steady[largest]}},
     }
     write_result(NAME, doc)
     return doc
