@@ -144,16 +144,19 @@ def test_two_jobs_share_one_fleet_exactly_once(settings: Settings, tmp_path: Pat
         url = policy.url
         run = ["fleet", "run", *common, "--policy-url", url, "--instance-id", "run-1",
                "--server-max-in-flight", str(SLOTS)]
+        policy.ready()
+        # Each job's policy: its own weights, as its adapter on the one shared server. Loaded
+        # before RUN starts, whose first look at the server then finds them: loaded after, a
+        # busy RUN could take an episode before its next look (2 s) and rightly sample the base
+        # model, as a job with no version yet does (a suite run: a (None, 0) stamp in alpha).
+        for name, seed in (("alpha-lora-v1", 21), ("beta-lora-v2", 22)):
+            save(build_model(seed=seed), tmp_path / f"{name}.safetensors", version=seed)
+            load_adapter(url, name, tmp_path / f"{name}.safetensors")
         a = create("alpha", "--weight", "1", "--adapter", "alpha-lora")
         b = create("beta", "--weight", "2", "--adapter", "beta-lora")
         procs.start("init", "fleet", "init", *common)
         procs.start("eval", "fleet", "eval", *common)
         procs.start("run", *run)
-        policy.ready()
-        # Each job's policy: its own weights, as its adapter on the one shared server.
-        for name, seed in (("alpha-lora-v1", 21), ("beta-lora-v2", 22)):
-            save(build_model(seed=seed), tmp_path / f"{name}.safetensors", version=seed)
-            load_adapter(url, name, tmp_path / f"{name}.safetensors")
         assert publish(a, tasks_for("alpha", "arithmetic")) == TASKS
         assert publish(b, tasks_for("beta", "reverse")) == TASKS
 
