@@ -36,7 +36,7 @@ import statistics
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from confluent_kafka import Producer
@@ -171,8 +171,8 @@ class Cluster:
         servers = [SimulatedServer(script=script, step_s=lambda running: STEP_S,
                                    max_num_seqs=SLOTS) for _ in range(self.servers)]
         urls = [await s.start() for s in servers]
-        run_settings = replace(self.settings, policy_url=",".join(urls),
-                               server_max_in_flight=SLOTS, health_interval_s=0.5)
+        run_settings = self.settings.override(policy_url=",".join(urls),
+                                              server_max_in_flight=SLOTS, health_interval_s=0.5)
         router = Router(urls, max_episodes=SLOTS, health_interval_s=0.5)
         await router.start()
 
@@ -382,7 +382,7 @@ def bursty(base: Settings, shared: bool, batches: int) -> dict[str, Any]:
     marks: dict[str, float] = {}
     try:
         async def scenario(fleet: Fleet) -> None:
-            urls = fleet.settings.policy_urls()
+            urls = fleet.settings.inference.policy_urls()
             for i, name in enumerate(names):
                 fields = {} if shared else {"policy_urls": [urls[i]]}
                 cluster.create(name, **fields)

@@ -18,7 +18,6 @@ overhead = gateway median - direct median (p50), target < 5 ms per call.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 from typing import Any
 
@@ -51,7 +50,7 @@ def _task() -> dict[str, Any]:
 
 
 async def _measure(url: str, episodes: int) -> dict[str, list[int]]:
-    stage = RunStage(dataclasses.replace(Settings(), policy_url=url))
+    stage = RunStage(Settings().override(policy_url=url))
     await stage.start()
     gateway = stage.gateway
     await gateway.start()

@@ -375,11 +375,12 @@ def _describe(name: str, settings: Settings) -> str:
     if name == "stage_raw":
         return (f"rollstream StageRuntime with a sync forwarding Stage (input_record=None: Avro "
                 f"header checked, bytes forwarded); transactions, read_committed, "
-                f"commit_interval_ms={settings.commit_interval_ms}")
+                f"commit_interval_ms={settings.stage.commit_interval_ms}")
     if name == "stage":
         return (f"rollstream StageRuntime with a sync pass-through Stage (decode Task, emit it as "
                 f"an Output, encode); transactions, read_committed, commit_interval_ms="
-                f"{settings.commit_interval_ms}, max_in_flight={settings.max_in_flight}")
+                f"{settings.stage.commit_interval_ms}, "
+                f"max_in_flight={settings.stage.max_in_flight}")
     return ("confluent-kafka Consumer (enable.auto.commit; poll, then consume(499, 0) for what is "
             f"already fetched) -> Producer (linger.ms=5, {COMPRESSION}, idempotence, no "
             "transactions), "
@@ -416,8 +417,8 @@ def run(quick: bool = False) -> dict[str, Any]:
             "rounds": rounds,
             "partitions": PARTITIONS,
             "event": f"codec-encoded Task, {results['stage']['event_bytes']} bytes",
-            "stage_commit_interval_ms": settings.commit_interval_ms,
-            "stage_max_in_flight": settings.max_in_flight,
+            "stage_commit_interval_ms": settings.stage.commit_interval_ms,
+            "stage_max_in_flight": settings.stage.max_in_flight,
             "latency_rate_per_s": rate,
             "latency_events": latency_events,
             "throughput": "per round: N / (Nth committed output seen by a read_committed "

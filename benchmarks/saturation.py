@@ -160,9 +160,9 @@ class Target:
 
 
 async def run_rollstream(target: Target, work: list[dict]) -> dict[str, Any]:
-    settings = Settings(policy_url=",".join(target.urls), health_interval_s=0.5,
-                        server_max_in_flight=target.in_flight, request_timeout_s=600.0,
-                        tokenizer_path=target.tokenizer_path)
+    settings = Settings().override(policy_url=",".join(target.urls), health_interval_s=0.5,
+                                   server_max_in_flight=target.in_flight, request_timeout_s=600.0,
+                                   tokenizer_path=target.tokenizer_path)
     stage = RunStage(settings)
     await stage.start()
     limit = asyncio.Semaphore(target.in_flight)

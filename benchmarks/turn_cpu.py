@@ -95,8 +95,8 @@ def episodes(n: int, round_: int) -> list[dict]:
 
 
 async def measure(url: str, jobs: int, n: int) -> dict[str, Any]:
-    stages = [RunStage(Settings(policy_url=url, adapter=job(j), server_max_in_flight=n,
-                                request_timeout_s=600.0)) for j in range(jobs)]
+    stages = [RunStage(Settings().override(policy_url=url, adapter=job(j), server_max_in_flight=n,
+                                           request_timeout_s=600.0)) for j in range(jobs)]
     for stage in stages:
         await stage.start()
     try:

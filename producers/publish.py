@@ -183,7 +183,7 @@ def validate_task(item: dict[str, Any], known_envs: dict[str, Environment] | Non
     if "data" in item:
         task["data"] = _normalize_data(item["data"])
     _check_types(schema, task)
-    check_task(task, settings or Settings())
+    check_task(task, (settings or Settings()).bounds)
     _check_env(task["env"], {} if known_envs is None else known_envs)
     return task
 

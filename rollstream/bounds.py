@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from rollstream.cluster.topics import TOPIC_SPECS
-from rollstream.config import Settings
+from rollstream.config import Bounds
 from rollstream.contracts.codec import codec
 from rollstream.contracts.events import EPISODE
 from rollstream.runtime import InvalidEvent
@@ -49,7 +49,7 @@ def _int_in(field: str, value: Any, low: int, high: int, why: str = "") -> None:
                          f"got {value!r}")
 
 
-def check_sampling(sampling: dict[str, Any], settings: Settings) -> None:
+def check_sampling(sampling: dict[str, Any], bounds: Bounds) -> None:
     """Every sampling parameter finite and in the range the inference server accepts."""
     temperature = _finite("sampling.temperature", sampling["temperature"])
     if temperature < 0:
@@ -63,7 +63,7 @@ def check_sampling(sampling: dict[str, Any], settings: Settings) -> None:
             top_k == -1 or 1 <= top_k <= INT32_MAX):
         raise ValueError(f"field 'sampling.top_k': must be -1 (off) or a count >= 1, "
                          f"got {top_k!r}")
-    _int_in("sampling.max_tokens", sampling["max_tokens"], 1, settings.max_tokens_per_turn,
+    _int_in("sampling.max_tokens", sampling["max_tokens"], 1, bounds.max_tokens_per_turn,
             "setting max_tokens_per_turn")
     seed = sampling.get("seed")
     if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)
@@ -71,29 +71,29 @@ def check_sampling(sampling: dict[str, Any], settings: Settings) -> None:
         raise ValueError(f"field 'sampling.seed': must be null or a 64-bit integer, got {seed!r}")
 
 
-def check_task(task: Mapping[str, Any], settings: Settings) -> None:
+def check_task(task: Mapping[str, Any], bounds: Bounds) -> None:
     """Raise ValueError("field '<path>': ...") if a complete Task dict breaks a bound."""
     task_id = task["task_id"]
     if not isinstance(task_id, str) or not task_id:
         raise ValueError("field 'task_id': must be a non-empty string")
     id_bytes = len(task_id.encode())
-    if id_bytes > settings.max_task_id_bytes:
+    if id_bytes > bounds.max_task_id_bytes:
         raise ValueError(f"field 'task_id': {id_bytes} bytes, over the limit of "
-                         f"{settings.max_task_id_bytes} (setting max_task_id_bytes)")
-    _int_in("group_size", task["group_size"], 1, settings.max_group_size,
+                         f"{bounds.max_task_id_bytes} (setting max_task_id_bytes)")
+    _int_in("group_size", task["group_size"], 1, bounds.max_group_size,
             "setting max_group_size")
-    _int_in("max_turns", task["max_turns"], 1, settings.max_turns_per_episode,
+    _int_in("max_turns", task["max_turns"], 1, bounds.max_turns_per_episode,
             "setting max_turns_per_episode")
-    check_sampling(task["sampling"], settings)
+    check_sampling(task["sampling"], bounds)
     budget = task["max_turns"] * task["sampling"]["max_tokens"]
-    if budget > settings.max_episode_tokens:
+    if budget > bounds.max_episode_tokens:
         raise ValueError(
             f"field 'max_turns': max_turns x sampling.max_tokens = {budget} tokens, over the "
-            f"episode budget of {settings.max_episode_tokens} (setting max_episode_tokens)")
+            f"episode budget of {bounds.max_episode_tokens} (setting max_episode_tokens)")
     prompt_bytes = len(task["prompt"].encode())
-    if prompt_bytes > settings.max_prompt_bytes:
+    if prompt_bytes > bounds.max_prompt_bytes:
         raise ValueError(f"field 'prompt': {prompt_bytes} bytes, over the limit of "
-                         f"{settings.max_prompt_bytes} (setting max_prompt_bytes)")
+                         f"{bounds.max_prompt_bytes} (setting max_prompt_bytes)")
     _check_episode_size(task)
 
 
@@ -111,11 +111,11 @@ def _check_episode_size(task: Mapping[str, Any]) -> None:
                          f"max.message.bytes of {limit} (prompt, data and metadata too large)")
 
 
-def check_episode(episode: Mapping[str, Any], settings: Settings) -> None:
+def check_episode(episode: Mapping[str, Any], bounds: Bounds) -> None:
     """RUN's input check: an episode written straight to `episodes` meets the task bounds, and
     its sample index lies inside its group; else InvalidEvent (it is dead-lettered)."""
     try:
-        check_task(episode["task"], settings)
+        check_task(episode["task"], bounds)
         _int_in("sample_index", episode["sample_index"], 0, episode["task"]["group_size"] - 1,
                 "inside the task's group")
     except ValueError as exc:

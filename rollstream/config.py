@@ -1,4 +1,15 @@
-"""Settings for every Rollstream process: defaults < config file (TOML) < environment < flags.
+"""Settings for every Rollstream process, one object per component: defaults < config file
+(TOML) < environment < flags.
+
+`Settings` is the Kafka connection every process has (`KafkaSettings`: broker, client
+properties, topic prefix) with the components beside it, each handed to what it configures:
+`stage` (StageSettings) to the stage runtime, INIT's admission and the dedup windows; `service`
+to a long-running process's identity and metrics; `inference` to RUN's router, its chat
+template and the controller; `sandbox` (rollstream.sandbox.SandboxSettings) to the sandboxes a
+process opens; `bounds` to the checks at the door (rollstream.bounds). Each is resolved where
+a command starts (`load`) and passed down, never through a module global. Flags, files and
+the environment name a setting by one flat key (`--max-in-flight`, `max_in_flight = 8`,
+ROLLSTREAM_MAX_IN_FLIGHT), as does `Settings.override`; the key says which component holds it.
 
 Environment variables are ROLLSTREAM_<FIELD> (e.g. ROLLSTREAM_PREFIX), plus the conventional
 KAFKA_BOOTSTRAP_SERVERS for the broker address.
@@ -8,8 +19,8 @@ the `client.properties` managed services hand out (`--kafka-config FILE`, env
 ROLLSTREAM_KAFKA_CONFIG), over a `[kafka]` table of the TOML file; they reach every client a
 process builds (`Settings.kafka()`). `bootstrap.servers` may come from them.
 
-Each setting belongs to one component (`GROUPS`); a command offers the flags of the components
-it uses only, so a flag another command would take is an error there, not silently ignored.
+Flags come in groups (`GROUPS`, the sections of `--help`); a command offers the flags of the
+groups it uses only, so a flag another command would take is an error there, not silently ignored.
 """
 
 from __future__ import annotations
@@ -18,7 +29,7 @@ import argparse
 import logging
 import os
 import tomllib
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import Field, dataclass, field, fields, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -64,17 +75,9 @@ def _setting(default: Any, group: str, help: str, flag: str = "") -> Any:
 
 
 @dataclass(frozen=True)
-class Settings:
-    bootstrap_servers: str = _setting(
-        "", "kafka", "Kafka bootstrap servers (`local`: the bundled broker, started if needed)")
-    kafka_config: str = _setting(
-        "", "kafka", "Java-style properties file of Kafka client settings (SASL, TLS, any "
-        "librdkafka key), e.g. a managed service's client.properties")
-    prefix: str = _setting("rollstream", "kafka", "topic name prefix")
-    timeout_s: float = _setting(
-        30.0, "command", "seconds a command waits for the broker before it gives up with the "
-        "cause (long-running processes keep retrying instead)", flag="--timeout")
-    partitions: int = _setting(8, "topics", "partitions per topic (topics create)")
+class StageSettings:
+    """How a stage process takes, dedups, admits and commits its events."""
+
     max_in_flight: int = _setting(
         64, "stage", "events a stage process works on at once (backpressure)")
     commit_interval_ms: int = _setting(200, "stage", "how often a stage commits its transaction")
@@ -84,11 +87,23 @@ class Settings:
     dedup_window: int = _setting(
         100_000, "dedup", "ids INIT and EVAL remember per input partition to drop duplicates "
         "(rollstream.dedup)")
+
+
+@dataclass(frozen=True)
+class ServiceSettings:
+    """A long-running process's identity and its metrics endpoint."""
+
     instance_id: str = _setting(
         "", "service", "stable id for static group membership and the transactional id")
     metrics_port: int = _setting(
         0, "service", "port of a long-running process's /metrics, /health and /ready (0: a "
         "free port, logged at start; -1: off)")
+
+
+@dataclass(frozen=True)
+class InferenceSettings:
+    """Where RUN and the controller find inference servers, and how they talk to them."""
+
     policy_url: str = _setting(
         "http://127.0.0.1:8011", "inference",
         "inference endpoint(s), comma separated (vLLM-compatible)")
@@ -122,38 +137,11 @@ class Settings:
     chat_template_kwargs: str = _setting(
         "", "inference", 'JSON object passed to the chat template, e.g. '
         '\'{"enable_thinking": false}\'')
-    sandbox: str = _setting("auto", "sandbox", "sandbox backend: auto (bwrap for tasks "
-                            "without an image, docker for those with one), bwrap or docker")
-    sandbox_image: str = _setting(
-        "", "sandbox", "docker image for tasks that name none (default: the local base image "
-        "`make deps` builds)")
-    sandbox_root: str = _setting(
-        "", "sandbox", "folder bwrap sandboxes live in (default: a per-user temp folder)")
-    sandbox_uids: str = _setting(
-        "", "sandbox", "FIRST-LAST: uids for the sandboxes of a root owner, one each "
-        "(default 1000000-1065535)")
-    # Bounds at the door (rollstream.bounds): checked by `publish`, INIT and RUN.
-    max_group_size: int = _setting(1024, "bounds", "largest group_size a task may ask for")
-    max_turns_per_episode: int = _setting(256, "bounds", "largest max_turns a task may ask for")
-    max_tokens_per_turn: int = _setting(
-        32768, "bounds", "largest sampling.max_tokens a task may ask for")
-    max_episode_tokens: int = _setting(
-        1 << 20, "bounds", "largest max_turns x sampling.max_tokens: the worst-case trajectory "
-        "must fit the trajectories topic")
-    max_prompt_bytes: int = _setting(1 << 20, "bounds", "largest task prompt, UTF-8 bytes")
-    max_task_id_bytes: int = _setting(
-        512, "bounds", "longest task_id, UTF-8 bytes (it keys every event)")
-    # Resolved by `load` from the [kafka] table and the kafka_config file; no flag of its own.
-    kafka_properties: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         check_adapter(self.adapter)  # a bad name fails at start, not as a server's 404
         if self.retries_infra < 0:
             raise ValueError(f"retries_infra {self.retries_infra}: must be 0 (none) or more")
-
-    @cached_property
-    def topics(self) -> Topics:
-        return Topics(self.prefix)
 
     def policy_urls(self) -> list[str]:
         """Inference endpoints: `policy_url`, then the lines of `policy_url_file` (read now;
@@ -165,15 +153,48 @@ class Settings:
             urls += [line.split("#", 1)[0].strip() for line in lines]
         return list(dict.fromkeys(u.rstrip("/") for u in urls if u))
 
+
+@dataclass(frozen=True)
+class Bounds:
+    """Bounds at the door (rollstream.bounds): checked by `publish`, INIT and RUN."""
+
+    max_group_size: int = _setting(1024, "bounds", "largest group_size a task may ask for")
+    max_turns_per_episode: int = _setting(256, "bounds", "largest max_turns a task may ask for")
+    max_tokens_per_turn: int = _setting(
+        32768, "bounds", "largest sampling.max_tokens a task may ask for")
+    max_episode_tokens: int = _setting(
+        1 << 20, "bounds", "largest max_turns x sampling.max_tokens: the worst-case trajectory "
+        "must fit the trajectories topic")
+    max_prompt_bytes: int = _setting(1 << 20, "bounds", "largest task prompt, UTF-8 bytes")
+    max_task_id_bytes: int = _setting(
+        512, "bounds", "longest task_id, UTF-8 bytes (it keys every event)")
+
+
+@dataclass(frozen=True)
+class KafkaSettings:
+    """The connection every process has: the broker, its client properties, the job's topics."""
+
+    bootstrap_servers: str = _setting(
+        "", "kafka", "Kafka bootstrap servers (`local`: the bundled broker, started if needed)")
+    kafka_config: str = _setting(
+        "", "kafka", "Java-style properties file of Kafka client settings (SASL, TLS, any "
+        "librdkafka key), e.g. a managed service's client.properties")
+    prefix: str = _setting("rollstream", "kafka", "topic name prefix")
+    timeout_s: float = _setting(
+        30.0, "command", "seconds a command waits for the broker before it gives up with the "
+        "cause (long-running processes keep retrying instead)", flag="--timeout")
+    partitions: int = _setting(8, "topics", "partitions per topic (topics create)")
+    # Resolved by `load` from the [kafka] table and the kafka_config file; no flag of its own.
+    kafka_properties: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
+
+    @cached_property
+    def topics(self) -> Topics:
+        return Topics(self.prefix)
+
     def kafka(self) -> dict[str, Any]:
         """Base librdkafka configuration: the client properties and the broker address."""
         return {**self.kafka_properties, "bootstrap.servers": self.bootstrap_servers,
                 "logger": CLIENT_LOG}
-
-    def sandbox_settings(self) -> SandboxSettings:
-        """The sandbox component's settings, handed to the sandboxes this process opens."""
-        return SandboxSettings(self.sandbox, self.sandbox_image, self.sandbox_root,
-                               self.sandbox_uids)
 
     def client_flags(self) -> list[str]:
         """The flags that give a child process this process's broker and client properties."""
@@ -181,8 +202,56 @@ class Settings:
         return flags + (["--kafka-config", self.kafka_config] if self.kafka_config else [])
 
 
+# The components beside the connection, each handed to what it configures: the stage runtime
+# takes `stage`, RUN's router and the controller `inference`, the sandboxes `sandbox`, the
+# checks at the door `bounds`.
+COMPONENTS: dict[str, type] = {"stage": StageSettings, "service": ServiceSettings,
+                               "inference": InferenceSettings, "sandbox": SandboxSettings,
+                               "bounds": Bounds}
+
+
+@dataclass(frozen=True)
+class Settings(KafkaSettings):
+    """A process's settings: its Kafka connection, and one object per component."""
+
+    stage: StageSettings = field(default_factory=StageSettings)
+    service: ServiceSettings = field(default_factory=ServiceSettings)
+    inference: InferenceSettings = field(default_factory=InferenceSettings)
+    sandbox: SandboxSettings = field(default_factory=SandboxSettings)
+    bounds: Bounds = field(default_factory=Bounds)
+
+    def override(self, **values: Any) -> Settings:
+        """These settings with `values` (by their flat names, as flags and files name them)
+        replaced, each in its component."""
+        unknown = sorted(set(values) - set(_KEYS))
+        if unknown:
+            raise TypeError(f"unknown settings {unknown}")
+        own = {k: v for k, v in values.items() if _KEYS[k][0] == ""}
+        parts = {name: replace(getattr(self, name), **{
+            _KEYS[k][1]: v for k, v in values.items() if _KEYS[k][0] == name})
+            for name in COMPONENTS if any(_KEYS[k][0] == name for k in values)}
+        return replace(self, **own, **parts)
+
+
 ENV_PREFIX = "ROLLSTREAM_"
-_CLI_FIELDS = [f for f in fields(Settings) if "group" in f.metadata]
+
+
+def _key(f: Field[Any]) -> str:
+    return f.metadata.get("key") or f.name
+
+
+# Every setting as flags, the environment and files name it (its flat key), with the component
+# that holds it ("" for the connection's own) and its field there.
+_FIELDS: list[tuple[str, Field[Any]]] = [
+    ("", f) for f in fields(KafkaSettings) if "group" in f.metadata] + [
+    (name, f) for name, cls in COMPONENTS.items() for f in fields(cls)]
+_KEYS: dict[str, tuple[str, str]] = {_key(f): (name, f.name) for name, f in _FIELDS}
+
+
+def env_var(key: str) -> str:
+    """The environment variable of the setting `key` (e.g. sandbox_root), named in errors."""
+    return ENV_PREFIX + key.upper()
+
 
 # Keys whose values are secrets: never printed (logs, errors, status, the demo screen).
 SECRET_MARKERS = ("password", "passphrase", "secret", "jaas", "oauthbearer.config", "key.pem",
@@ -223,8 +292,8 @@ def _coerce(value: str, like: Any) -> Any:
     return value
 
 
-def _flag(f: Any) -> str:
-    return f.metadata["flag"] or "--" + f.name.replace("_", "-")
+def _flag(f: Field[Any]) -> str:
+    return f.metadata.get("flag") or "--" + _key(f).replace("_", "-")
 
 
 def add_arguments(parser: argparse.ArgumentParser, *groups: str) -> None:
@@ -238,10 +307,10 @@ def add_arguments(parser: argparse.ArgumentParser, *groups: str) -> None:
                         "a [kafka] table of client properties)")
     for group in chosen:
         section = parser.add_argument_group(f"{GROUPS[group]} settings")
-        for f in (f for f in _CLI_FIELDS if f.metadata["group"] == group):
+        for f in (f for _, f in _FIELDS if f.metadata["group"] == group):
             section.add_argument(
-                _flag(f), dest=f.name, type=type(f.default), default=None,
-                help=f"{f.metadata['help']} (env {ENV_PREFIX}{f.name.upper()})",
+                _flag(f), dest=_key(f), type=type(f.default), default=None,
+                help=f"{f.metadata['help']} (env {env_var(_key(f))})",
             )
 
 
@@ -249,7 +318,6 @@ def load(args: argparse.Namespace | None = None, **overrides: Any) -> Settings:
     """Resolve settings: defaults < file < environment < flags < overrides; then the Kafka
     client properties ([kafka] table < properties file), whose `bootstrap.servers` counts when
     no other setting names the broker."""
-    settings = Settings()
     values: dict[str, Any] = {}
     table: dict[str, Any] = {}
     config_file = getattr(args, "config", None) or os.environ.get(ENV_PREFIX + "CONFIG")
@@ -259,34 +327,34 @@ def load(args: argparse.Namespace | None = None, **overrides: Any) -> Settings:
             raise SystemExit(f"config file not found: {path}")
         data = tomllib.loads(path.read_text())
         table = data.pop("kafka", {})
-        known = {f.name for f in _CLI_FIELDS}
+        known = set(_KEYS)
         unknown = sorted(set(data) - known)
         if unknown:
             raise SystemExit(f"{path}: unknown settings {unknown}; known: {sorted(known)}")
         if not isinstance(table, dict):
             raise SystemExit(f"{path}: [kafka] must be a table of client properties")
         values.update(data)
-    for f in _CLI_FIELDS:
-        env = os.environ.get(ENV_PREFIX + f.name.upper())
+    for _, f in _FIELDS:
+        env = os.environ.get(env_var(_key(f)))
         if env is not None:
-            values[f.name] = _coerce(env, f.default)
+            values[_key(f)] = _coerce(env, f.default)
     if os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
         values["bootstrap_servers"] = os.environ["KAFKA_BOOTSTRAP_SERVERS"]
     if args is not None:
-        for f in _CLI_FIELDS:
-            flag = getattr(args, f.name, None)
+        for key in _KEYS:
+            flag = getattr(args, key, None)
             if flag is not None:
-                values[f.name] = flag
+                values[key] = flag
+    properties_given = overrides.pop("kafka_properties", {})
     values.update(overrides)
     try:
-        resolved = replace(settings, **values)
+        resolved = Settings().override(**values)
     except ValueError as exc:  # a setting __post_init__ refuses: the reason, not a traceback
         raise SystemExit(str(exc)) from exc
     properties = {k: str(v) for k, v in table.items()}
     if resolved.kafka_config:
         properties.update(read_properties(Path(resolved.kafka_config)))
-    if "kafka_properties" in overrides:
-        properties.update(overrides["kafka_properties"])
+    properties.update(properties_given)
     bootstrap = resolved.bootstrap_servers or properties.get("bootstrap.servers", "")
     properties.pop("bootstrap.servers", None)
     return replace(resolved, bootstrap_servers=bootstrap, kafka_properties=properties)

@@ -63,7 +63,7 @@ class SeenIds:
         self.settings = settings
         self.topic = settings.topics.seen
         self.prefix = f"{stage}/"
-        self.window = settings.dedup_window
+        self.window = settings.stage.dedup_window
         self._seen: dict[int, RecentIds] = {}
 
     def read(self, partitions: list[int], attempts: int = 5,

@@ -168,7 +168,8 @@ class StageRuntime:
         self.metrics = self.loop.metrics
         self.codec = codec()
         self.encoder = Encoder(settings, self.codec)
-        self.clock = CommitClock(settings.commit_interval_ms)
+        self.clock = CommitClock(settings.stage.commit_interval_ms)
+        self.max_in_flight = settings.stage.max_in_flight
         self.restores = Restores(stage.restore)
         self._async = inspect.iscoroutinefunction(stage.handle)
         record = stage.input_record
@@ -310,7 +311,7 @@ class StageRuntime:
     def _take_async(self) -> bool | None:
         """Fetch within max_in_flight (in flight and waiting together), then start what the
         stage's capacity allows, oldest first."""
-        msgs = self._fetch(self.settings.max_in_flight - len(self._tasks) - len(self._waiting))
+        msgs = self._fetch(self.max_in_flight - len(self._tasks) - len(self._waiting))
         if msgs is None:
             return None
         self._waiting.extend(msgs)

@@ -37,7 +37,7 @@ class EvalStage(Stage[Trajectory]):
         `quotas`: the job's inside a fleet (they bound its sandboxes)."""
         super().__init__(settings)
         self.share = share
-        self.sandboxes = Sandboxes(settings.sandbox_settings(), quotas)
+        self.sandboxes = Sandboxes(settings.sandbox, quotas)
         self.seen = SeenIds(settings, self.name)  # each episode scored once (rollstream.dedup)
 
     def input_topic(self) -> str:

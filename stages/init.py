@@ -28,8 +28,8 @@ class InitStage(Stage[Task]):
         """`quotas`: the job's, inside a fleet (its tasks-queued quota counts what INIT takes)."""
         super().__init__(settings)
         self.quotas = quotas
-        self.gate = (AdmissionGate(settings, settings.admission_window)
-                     if settings.admission_window > 0 else None)
+        self.gate = (AdmissionGate(settings, settings.stage.admission_window)
+                     if settings.stage.admission_window > 0 else None)
         self.seen = SeenIds(settings, self.name)  # a re-published task is expanded once
 
     def input_topic(self) -> str:
@@ -50,7 +50,7 @@ class InitStage(Stage[Task]):
 
     def handle(self, task: Task, ctx: EventContext) -> list[Output]:
         try:
-            check_task(task, self.settings)
+            check_task(task, self.settings.bounds)
             get_env(task["env"]).validate_task(task)
         except (ValueError, UnknownEnv, InvalidTask) as exc:
             raise InvalidEvent(f"task {show_id(task['task_id'])}: {exc}") from exc

@@ -43,7 +43,7 @@ from confluent_kafka import OFFSET_BEGINNING, Message, TopicPartition
 
 from rollstream.bounds import check_episode
 from rollstream.cluster import kafka
-from rollstream.config import Settings
+from rollstream.config import InferenceSettings, Settings
 from rollstream.contracts.codec import DecodeError, codec
 from rollstream.contracts.events import (
     EPISODE,
@@ -191,9 +191,10 @@ class RunStage(Stage[Episode]):
         shared servers, rollstream.service.fairshare), else what room the servers have;
         `quotas`: the job's inside a fleet (they pace its turns and bound its sandboxes)."""
         super().__init__(settings)
+        self.inference = settings.inference
         self.quotas = quotas
-        self.sandboxes = Sandboxes(settings.sandbox_settings(), quotas)
-        self.template: ChatTemplate = template or self._template(settings)
+        self.sandboxes = Sandboxes(settings.sandbox, quotas)
+        self.template: ChatTemplate = template or self._template(settings.inference)
         self.router = router
         self._own_router = router is None
         self.share = share
@@ -204,7 +205,7 @@ class RunStage(Stage[Episode]):
         self.players: dict[str, Player] = {}  # by environment kind
 
     @staticmethod
-    def _template(settings: Settings) -> ChatTemplate:
+    def _template(settings: InferenceSettings) -> ChatTemplate:
         if not settings.tokenizer_path:
             if settings.chat_template or settings.chat_template_kwargs:
                 raise ValueError("--chat-template and --chat-template-kwargs need "
@@ -227,16 +228,12 @@ class RunStage(Stage[Episode]):
 
     async def start(self) -> None:
         if self._own_router:
-            self.router = Router(self.settings.policy_urls,
-                                 max_episodes=self.settings.server_max_in_flight,
-                                 timeout_s=self.settings.request_timeout_s,
-                                 health_interval_s=self.settings.health_interval_s,
-                                 adapter=self.settings.adapter,
-                                 job=self.quotas.name if self.quotas else "")
+            self.router = Router.of(self.inference, adapter=self.inference.adapter,
+                                    job=self.quotas.name if self.quotas else "")
             await self.router.start()
         assert self.router is not None
         self.turns = Turns(self.router, self.template, self.checkpoint, self.quotas)
-        self.gateway = Gateway(self.turns, port=self.settings.gateway_port)
+        self.gateway = Gateway(self.turns, port=self.inference.gateway_port)
         self.players = {kind: make(self) for kind, make in PLAYERS.items()}
 
     async def close(self) -> None:
@@ -306,7 +303,7 @@ class RunStage(Stage[Episode]):
     # -- the episode -------------------------------------------------------------------------
 
     async def handle(self, episode: Episode, ctx: EventContext) -> list[Output]:
-        check_episode(episode, self.settings)  # bounds at the door, also for episodes sent here
+        check_episode(episode, self.settings.bounds)  # at the door, also for episodes sent here
         task = episode["task"]
         episode_id = episode["episode_id"]
         try:
@@ -360,7 +357,7 @@ class RunStage(Stage[Episode]):
                                      saved is not None and saved.legacy)
         failed = infra_failure(env, trajectory)
         if failed is not None:
-            spent = attempt >= self.settings.retries_infra
+            spent = attempt >= self.inference.retries_infra
             metrics.retried(spent)
             log.warning("%s attempt %d failed (infra: %s); %s", episode_id, attempt, failed,
                         "retries spent" if spent else "played again")

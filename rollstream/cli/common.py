@@ -117,7 +117,7 @@ def start_service(args: argparse.Namespace, parts: Sequence[str] = ()) -> Settin
         resolved.prefix, config.redacted(resolved.kafka_properties) or "(none)")
     for part in parts:
         health.component(part)
-    metrics.serve(resolved.metrics_port)
+    metrics.serve(resolved.service.metrics_port)
     wait_for_broker(resolved)
     return resolved
 

@@ -56,9 +56,7 @@ def run_fleet(args: argparse.Namespace) -> int:
     from stages.run import RunStage
 
     settings = common.start_service(args)
-    router = Router(settings.policy_urls, max_episodes=settings.server_max_in_flight,
-                    timeout_s=settings.request_timeout_s,
-                    health_interval_s=settings.health_interval_s)
+    router = Router.of(settings.inference)
 
     def make_stage(job_settings: config.Settings, quotas: JobQuotas,
                    share: Callable[[], int]) -> Stage:

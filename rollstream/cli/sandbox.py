@@ -15,7 +15,7 @@ from rollstream import config
 def _backends(args: argparse.Namespace) -> list[Any]:
     from rollstream.sandbox.backends import get_backend, unavailable
 
-    settings = config.load(args).sandbox_settings()  # where this host's sandboxes live
+    settings = config.load(args).sandbox  # where this host's sandboxes live
     names = args.backend
 
     found = []

@@ -53,9 +53,9 @@ def warn_without_tokenizer(settings: Settings) -> None:
     """RUN renders each turn's chat template from --tokenizer-path, else the embedded policy's:
     against any other server (vLLM) that is the wrong template, so say so at start, once per
     server that answers as another (a server not up yet is not asked again)."""
-    if settings.tokenizer_path:
+    if settings.inference.tokenizer_path:
         return
-    for url in settings.policy_urls():
+    for url in settings.inference.policy_urls():
         try:
             with urllib.request.urlopen(f"{url}/v1/models", timeout=3) as answer:
                 cards = json.load(answer).get("data", [])

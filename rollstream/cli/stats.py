@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
         raise KafkaProblem(str(exc), EX_CONFIG) from None
     settings = common.checked(common.named_broker(resolved), "scored")
     common.log_to_stderr()
-    metrics.serve(settings.metrics_port)  # /health and /ready beside faust's web server
+    metrics.serve(settings.service.metrics_port)  # /health and /ready beside faust's web server
     scored = settings.topics.scored
     meta = AdminClient(settings.kafka()).list_topics(scored, timeout=30).topics.get(scored)
     if meta is None or meta.error is not None:

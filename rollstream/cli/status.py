@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     # Only a watching status runs long enough to serve metrics and probes (its port logged).
     if args.watch:
         common.log_to_stderr()
-    metrics.serve(settings.metrics_port if args.watch else metrics.OFF)
+    metrics.serve(settings.service.metrics_port if args.watch else metrics.OFF)
     ready = health.component("status", "first look at the pipeline")
     inspector = Inspector(settings, args.metrics_url, job=args.job)
     try:

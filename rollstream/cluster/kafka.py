@@ -34,8 +34,8 @@ def process_id(settings: Settings, role: str) -> str:
     """A stable id when configured (static membership, fast fencing on restart), else unique.
     `role` starts with the topic prefix (`settings.topics.group(...)`): a principal's ACLs
     cover the groups and transactional ids under its prefix only."""
-    if settings.instance_id:
-        return f"{role}.{settings.instance_id}"
+    if settings.service.instance_id:
+        return f"{role}.{settings.service.instance_id}"
     return f"{role}.{socket.gethostname()}.{os.getpid()}.{uuid.uuid4().hex[:6]}"
 
 
@@ -62,8 +62,8 @@ def consumer(settings: Settings, group: str, **extra: Any) -> Consumer:
         "session.timeout.ms": 10000,
         "heartbeat.interval.ms": 1000,
     }
-    if settings.instance_id:
-        conf["group.instance.id"] = f"{group}.{settings.instance_id}"
+    if settings.service.instance_id:
+        conf["group.instance.id"] = f"{group}.{settings.service.instance_id}"
     conf.update(extra)
     return Consumer(conf)
 

@@ -348,7 +348,7 @@ class Controller:
         self._stopping = True
 
     async def serve(self) -> None:
-        timeout = aiohttp.ClientTimeout(total=max(600.0, self.settings.request_timeout_s))
+        timeout = aiohttp.ClientTimeout(total=max(600.0, self.settings.inference.request_timeout_s))
         async with aiohttp.ClientSession(timeout=timeout) as session:
             next_check = 0.0
             try:
@@ -361,7 +361,7 @@ class Controller:
                     now = asyncio.get_running_loop().time()
                     if self.latest is not None and now >= next_check:
                         await self.reconcile(session)
-                        next_check = now + self.settings.health_interval_s
+                        next_check = now + self.settings.inference.health_interval_s
                     await asyncio.sleep(0.1)
             finally:
                 self.reader.close()
@@ -370,8 +370,8 @@ class Controller:
         """Apply the newest version to every listed server that does not report it."""
         assert self.latest is not None
         version = self.latest["version"]
-        servers = self.settings.policy_urls()
-        adapter = self.settings.adapter
+        servers = self.settings.inference.policy_urls()
+        adapter = self.settings.inference.adapter
         reported = await asyncio.gather(*(current_version(session, u, adapter) for u in servers))
         metrics.servers_checked(version, len(servers), sum(v is not None for v in reported))
         # A server that cannot report a full-weight version is trusted once applied; a job's

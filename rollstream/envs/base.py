@@ -111,7 +111,7 @@ class Environment(ABC):
 def process_sandboxes() -> Sandboxes:
     """Sandboxes under the settings this process resolves (defaults < config file <
     environment), outside any job: for code handed none (a test, a library user)."""
-    return Sandboxes(config.load().sandbox_settings())
+    return Sandboxes(config.load().sandbox)
 
 
 # Terminations whose score does not depend on any answer; the module docstring says why.

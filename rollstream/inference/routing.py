@@ -49,6 +49,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rollstream.config import InferenceSettings
 from rollstream.contracts.wire import check_adapter, lora_version
 from rollstream.inference.client import (
     BadRequest,
@@ -148,6 +149,14 @@ class Router:
         self.job = job
         self._lacking: dict[tuple[str, str], int] = {}  # (server, adapter) → the gauge's value
         self._task: asyncio.Task[None] | None = None
+
+    @classmethod
+    def of(cls, settings: InferenceSettings, adapter: str = "", job: str = "") -> Router:
+        """A router over the servers `settings` name (re-read as their file changes), with
+        their bounds, timeout and health interval."""
+        return cls(settings.policy_urls, max_episodes=settings.server_max_in_flight,
+                   timeout_s=settings.request_timeout_s,
+                   health_interval_s=settings.health_interval_s, adapter=adapter, job=job)
 
     async def start(self) -> None:
         await self.check()

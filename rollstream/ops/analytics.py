@@ -247,7 +247,7 @@ def build_app(settings: Settings, web_port: int, datadir: Path, partitions: int,
         # Static membership: a restarted worker takes its partitions back at once, so the
         # session can be long enough that a busy machine's stalls cause no rebalance (each one
         # makes faust recover its tables from their changelogs).
-        consumer_group_instance_id=(settings.instance_id
+        consumer_group_instance_id=(settings.service.instance_id
                                     or f"{settings.topics.group(STATS)}-{socket.gethostname()}"),
         broker_session_timeout=SESSION_TIMEOUT_S,
         broker_heartbeat_interval=3.0,

@@ -143,7 +143,8 @@ class Inspector:
         rows = []
         urls = self.server_urls()
         # Nothing named a server and no RUN page said which it uses: only the default is known.
-        assumed = urls == [Settings().policy_url] and self.settings.policy_url == urls[0]
+        default = Settings().inference.policy_url
+        assumed = urls == [default] and self.settings.inference.policy_url == urls[0]
         for url in urls:
             health, _ = _get(f"{url}/health")
             code, text = _get(f"{url}/metrics") if health == 200 else (0, "")
@@ -156,9 +157,9 @@ class Inspector:
         then those the settings name; the built-in default URL only when nothing names one."""
         routed = [s.labels["server"] for family in self._families()
                   if family.name == "rollstream_router_server_healthy" for s in family.samples]
-        named = self.settings.policy_urls()
-        if routed and not self.settings.policy_url_file and (
-                self.settings.policy_url == Settings().policy_url):
+        named = self.settings.inference.policy_urls()
+        if routed and not self.settings.inference.policy_url_file and (
+                self.settings.inference.policy_url == Settings().inference.policy_url):
             named = []  # the default, which nobody named
         return list(dict.fromkeys([*routed, *named]))
 

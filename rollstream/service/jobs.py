@@ -16,7 +16,6 @@ import re
 import secrets
 import time
 from collections.abc import Iterable
-from dataclasses import replace
 from typing import Any, get_args
 
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, Message, TopicPartition
@@ -164,10 +163,11 @@ def job_settings(base: Settings, job: Job) -> Settings:
     servers). Each job's RUN stage has a harness gateway of its own, on a free port: a fixed
     one would be taken by the first job, and a job's episode keys are good at its own gateway
     only."""
-    return replace(base, prefix=job["prefix"], admission_window=job["admission_window"],
-                   adapter=job["adapter"], gateway_port=0, retries_infra=job["retries_infra"],
-                   policy_url=",".join(job["policy_urls"]) or base.policy_url,
-                   policy_url_file="" if job["policy_urls"] else base.policy_url_file)
+    return base.override(
+        prefix=job["prefix"], admission_window=job["admission_window"], adapter=job["adapter"],
+        gateway_port=0, retries_infra=job["retries_infra"],
+        policy_url=",".join(job["policy_urls"]) or base.inference.policy_url,
+        policy_url_file="" if job["policy_urls"] else base.inference.policy_url_file)
 
 
 # -- the topic ------------------------------------------------------------------------------

@@ -242,7 +242,7 @@ class JobQuotas:
         self.job = job
         self.stage = stage
         self.settings = settings
-        self.slots = SandboxSlots(job["prefix"], settings.sandbox_root)
+        self.slots = SandboxSlots(job["prefix"], settings.sandbox.root)
         self._next_turn = 0.0  # when the next turn may be sampled
         self._taken = 0  # tasks INIT took
         self._group_size = 1  # of the last task INIT took

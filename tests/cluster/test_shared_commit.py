@@ -13,7 +13,6 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -82,7 +81,7 @@ def jobs(settings: Settings, bootstrap: str) -> Iterator[dict[str, Settings]]:
     first half of job B's (b_during publishes the rest)."""
     other = Topics(f"t{uuid.uuid4().hex[:8]}")
     create_topics(bootstrap, other.prefix, partitions=4)
-    found = {"a": replace(settings, max_in_flight=8),
+    found = {"a": settings.override(max_in_flight=8),
              "b": load(bootstrap_servers=bootstrap, prefix=other.prefix, partitions=4,
                        max_in_flight=8)}
     publish(found["a"], range(1, EVENTS + 1))

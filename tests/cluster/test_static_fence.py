@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from dataclasses import replace
 
 from rollstream.cluster import kafka
 from rollstream.config import Settings
@@ -35,7 +34,7 @@ def wait(predicate, timeout: float, what: str) -> None:
 
 
 def test_a_fenced_static_member_rebuilds_its_consumer_and_goes_on(settings: Settings) -> None:
-    settings = replace(settings, instance_id="fenced")
+    settings = settings.override(instance_id="fenced")
     runtime = StageRuntime(Echo(settings), settings)
     thread = threading.Thread(target=lambda: asyncio.run(runtime.serve()))
     thread.start()

@@ -17,7 +17,8 @@ def trained(settings: Settings, batch: Batch, step: int) -> Output:
 
 def work(bootstrap: str, prefix: str) -> None:
     """A trainer process that commits one tiny batch after another, as fast as it can."""
-    settings = Settings(bootstrap_servers=bootstrap, prefix=prefix, instance_id="trainer-k")
+    settings = Settings().override(bootstrap_servers=bootstrap, prefix=prefix,
+                                   instance_id="trainer-k")
     with TrainerBridge(settings, groups_per_batch=1) as bridge:
         for step, batch in enumerate(bridge.batches(idle_timeout_s=600)):
             batch.ack([trained(settings, batch, step)])

@@ -5,7 +5,6 @@ sampled with)."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import threading
 import time
 from pathlib import Path
@@ -45,7 +44,7 @@ def test_policy_published_mid_run_reaches_every_server_and_stamps_later_turns(
     checkpoint = tmp_path / "step-1.safetensors"
     save(build_model(seed=1), checkpoint, version=1)
     with BackgroundServer() as a, BackgroundServer() as b:
-        settings = dataclasses.replace(settings, policy_url=f"{a},{b}", health_interval_s=0.5)
+        settings = settings.override(policy_url=f"{a},{b}", health_interval_s=0.5)
         runtime = StageRuntime(RunStage(settings), settings)
         controller = Controller(settings)
         threads = [threading.Thread(target=lambda: asyncio.run(runtime.serve())),

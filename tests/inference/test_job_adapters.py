@@ -44,7 +44,7 @@ def test_a_jobs_adapter_names_never_parse_as_another_jobs() -> None:
 
 
 def test_the_adapter_setting_is_checked_at_start() -> None:
-    assert Settings(adapter="job-a").adapter == "job-a"
+    assert Settings().override(adapter="job-a").inference.adapter == "job-a"
     with pytest.raises(SystemExit, match="not valid"):
         load(adapter="job-v2")
 

@@ -9,7 +9,6 @@ special tokens encode as single ids just as with the real vocabularies."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import unicodedata
 from pathlib import Path
@@ -189,10 +188,9 @@ def test_decomposed_unicode_observation_does_not_split_on_a_normalizing_tokenize
 
 def test_run_with_the_keep_template_and_kwargs_counts_one_sample(tmp_path: Path) -> None:
     root = tokenizer_dir(tmp_path / "qwen3", "qwen", QWEN3)
-    settings = dataclasses.replace(
-        run_settings([]), tokenizer_path=str(root), chat_template=str(QWEN3_KEEP),
-        chat_template_kwargs='{"enable_thinking": false}')
-    t = RunStage._template(settings)
+    settings = run_settings([]).override(tokenizer_path=str(root), chat_template=str(QWEN3_KEEP),
+                                         chat_template_kwargs='{"enable_thinking": false}')
+    t = RunStage._template(settings.inference)
     assert isinstance(t, HFChatTemplate) and t.template_kwargs == {"enable_thinking": False}
 
     def guess(prompt: list[int], body: dict) -> tuple[list[int], str]:
@@ -205,7 +203,7 @@ def test_run_with_the_keep_template_and_kwargs_counts_one_sample(tmp_path: Path)
         episodes[0]["task"]["data"] = json.dumps({"secret": 9, "low": 0, "high": 9})
         with Fleet([SimulatedServer(script=guess)]) as fleet:
             [trajectory], _ = asyncio.run(play(
-                dataclasses.replace(settings, policy_url=fleet.urls[0]), episodes,
+                settings.override(policy_url=fleet.urls[0]), episodes,
                 template=template))
         assert len(trajectory["turns"]) == 4, trajectory["termination_detail"]
         counts[name] = sample_count(trajectory["turns"])

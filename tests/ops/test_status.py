@@ -160,14 +160,13 @@ def test_lag_leaves_out_an_aborted_transactions_records(settings: Settings) -> N
 def test_a_server_only_assumed_says_where_runs_servers_come_from(settings: Settings) -> None:
     """With no --policy-url and no RUN page, status can only probe the default URL: a DOWN
     there says how to show RUN's own servers instead of reading as an outage."""
-    from dataclasses import replace
 
     from rich.console import Console
 
     from rollstream.ops.status import Inspector, render
 
     for named, assumed in ((None, True), ("http://127.0.0.1:9", False)):
-        chosen = settings if named is None else replace(settings, policy_url=named)
+        chosen = settings if named is None else settings.override(policy_url=named)
         inspector = Inspector(chosen)
         try:
             rows = inspector.servers()

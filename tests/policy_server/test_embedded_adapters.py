@@ -5,7 +5,6 @@ HTTP, through the controller and RUN's router, checked against the model compute
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import threading
 import time
@@ -211,8 +210,8 @@ def test_each_jobs_controller_service_keeps_its_own_adapter_current(
             return {m["id"] for m in json.load(response)["data"]}
 
     with BackgroundServer() as url:
-        jobs = [dataclasses.replace(settings, prefix=prefix, adapter=adapter, policy_url=url,
-                                    health_interval_s=0.5)
+        jobs = [settings.override(prefix=prefix, adapter=adapter, policy_url=url,
+                                  health_interval_s=0.5)
                 for prefix, adapter in ((settings.prefix, "job-a"), (other, "job-b"))]
         controllers = [Controller(job) for job in jobs]
         threads = [threading.Thread(target=asyncio.run, args=(c.serve(),)) for c in controllers]

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -77,7 +76,7 @@ def test_an_episode_too_big_for_its_topic_is_refused() -> None:
 
 
 def test_limits_come_from_settings() -> None:
-    strict = replace(Settings(), max_group_size=8, max_prompt_bytes=10)
+    strict = Settings().override(max_group_size=8, max_prompt_bytes=10)
     assert validate_task(_task(group_size=8, prompt="short"), settings=strict)["group_size"] == 8
     with pytest.raises(ValueError, match=r"field 'group_size'.*\[1, 8\].*max_group_size"):
         validate_task(_task(group_size=9), settings=strict)

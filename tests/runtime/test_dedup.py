@@ -4,7 +4,6 @@ trajectory scored once, within one process and across a restart (rollstream.dedu
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import replace
 
 from producers.publish import publish, validate_task
 from rollstream.cluster import kafka
@@ -83,7 +82,7 @@ def test_a_duplicated_trajectory_is_scored_once_even_after_a_restart(settings: S
 
 
 def test_the_memory_is_bounded_oldest_forgotten_first(settings: Settings) -> None:
-    seen = SeenIds(replace(settings, dedup_window=2), "eval")
+    seen = SeenIds(settings.override(dedup_window=2), "eval")
     seen.restore([0])
     assert seen.claim(0, "a") and seen.claim(0, "b") and not seen.claim(0, "a")
     assert seen.claim(0, "c")  # window 2: "a" (the oldest) is forgotten

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from dataclasses import replace
 
 from confluent_kafka import TopicPartition
 
@@ -132,7 +131,7 @@ def test_bad_events_go_to_the_dead_letter_topic_and_the_stage_keeps_going(
 
 
 def test_backpressure_bounds_in_flight_work(settings: Settings) -> None:
-    settings = replace(settings, max_in_flight=5)
+    settings = settings.override(max_in_flight=5)
     producer = kafka.producer(settings)
     for v in range(1, 200):
         kafka.produce(producer, settings.topics.policy, policy_event(v), key=str(v))

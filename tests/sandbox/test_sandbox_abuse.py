@@ -53,7 +53,7 @@ head -c 1000000 /dev/zero > /testbed/after && echo USABLE
 
 def _sandboxes() -> Sandboxes:
     """Under the settings the fixtures put in the environment (the backend, the root)."""
-    return Sandboxes(config.load().sandbox_settings())
+    return Sandboxes(config.load().sandbox)
 
 
 async def _abuse(limits: Limits) -> str:

@@ -8,7 +8,6 @@ import asyncio
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import replace
 
 import pytest
 from confluent_kafka import TopicPartition
@@ -102,7 +101,7 @@ def test_backlogged_jobs_share_the_servers_by_weight(settings: Settings) -> None
         server = SimulatedServer(script=lambda ids, body: ([ord("1")] * 6 + [0], "111111"),
                                  step_s=lambda running: 0.02)
         url = await server.start()
-        run_settings = replace(settings, policy_url=url, server_max_in_flight=4)
+        run_settings = settings.override(policy_url=url, server_max_in_flight=4)
         router = Router([url], max_episodes=4)
         await router.start()
         init = Fleet(settings, lambda s, job, share: InitStage(s))

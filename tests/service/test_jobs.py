@@ -19,19 +19,20 @@ def test_a_new_job_takes_the_schema_defaults_and_the_cluster_prefix() -> None:
     job = jobs.new_job("team-a", "rs", weight=2, adapter="team-a-lora")
     assert (job["prefix"], job["weight"], job["state"], job["group"]) == (
         "rs.team-a", 2.0, "RUNNING", None)
-    settings = jobs.job_settings(Settings(prefix="rs", admission_window=5), job)
-    assert (settings.prefix, settings.topics.tasks, settings.adapter) == (
+    settings = jobs.job_settings(Settings().override(prefix="rs", admission_window=5), job)
+    assert (settings.prefix, settings.topics.tasks, settings.inference.adapter) == (
         "rs.team-a", "rs.team-a.tasks", "team-a-lora")
-    assert settings.admission_window == 0  # the job's, not the fleet's
-    assert (job["retries_infra"], job["group_policy"], settings.retries_infra) == (2, "drop", 2)
+    assert settings.stage.admission_window == 0  # the job's, not the fleet's
+    assert (job["retries_infra"], job["group_policy"], settings.inference.retries_infra) == (
+        2, "drop", 2)
     assert jobs.job_settings(Settings(), jobs.new_job("c", "rs", retries_infra=0)
-                             ).retries_infra == 0
+                             ).inference.retries_infra == 0
     own = jobs.job_settings(Settings(prefix="rs"), jobs.new_job(
         "b", "rs", policy_urls=["http://10.0.0.1:8000", "http://10.0.0.2:8000"]))
-    assert own.policy_urls() == ["http://10.0.0.1:8000", "http://10.0.0.2:8000"]
+    assert own.inference.policy_urls() == ["http://10.0.0.1:8000", "http://10.0.0.2:8000"]
     # A fleet's fixed gateway port is no job's: each job's RUN stage listens on a free one.
-    fixed = jobs.job_settings(Settings(prefix="rs", gateway_port=8123), job)
-    assert fixed.gateway_port == 0
+    fixed = jobs.job_settings(Settings().override(prefix="rs", gateway_port=8123), job)
+    assert fixed.inference.gateway_port == 0
 
 
 @pytest.mark.parametrize(("fields", "message"), [

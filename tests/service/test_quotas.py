@@ -20,7 +20,6 @@ import asyncio
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import replace
 
 import pytest
 from confluent_kafka import TopicPartition
@@ -112,7 +111,7 @@ async def serving(settings: Settings, stages: dict[str, MakeStage],
     url = await server.start()
     router = Router([url], max_episodes=8)
     await router.start()
-    fleets = {name: Fleet(replace(settings, policy_url=url, server_max_in_flight=8),
+    fleets = {name: Fleet(settings.override(policy_url=url, server_max_in_flight=8),
                           lambda s, quotas, share, make=make: make(s, quotas, share, router),
                           slots=(lambda: eval_slots) if name == "eval" else router.slots,
                           drain_timeout_s=5)
@@ -382,14 +381,14 @@ def test_a_job_never_has_more_sandboxes_open_than_its_quota(
     monkeypatch.setattr(registry, "_environments",
                         lambda: {**registry.BUILTINS, Sandboxed.name: Sandboxed})
     # Handed to the stages with their settings, as a fleet's process does.
-    settings = replace(settings, sandbox="bwrap", sandbox_root=str(tmp_path))
+    settings = settings.override(sandbox="bwrap", sandbox_root=str(tmp_path))
     made = {"capped": make_jobs("capped", quota_sandboxes=2), "open": make_jobs("open")}
     per_job = 8
     for name, job in made.items():
         publish(jobs.job_settings(settings, job), tasks(name, per_job, env="sandboxed"))
     scored = {name: jobs.job_settings(settings, job).topics.scored for name, job in made.items()}
     most = dict.fromkeys(made, 0)
-    backend = get_backend("bwrap", settings.sandbox_settings())
+    backend = get_backend("bwrap", settings.sandbox)
     done = threading.Event()
 
     def look() -> None:
@@ -420,9 +419,9 @@ def test_a_job_never_has_more_sandboxes_open_than_its_quota(
 def test_sandboxes_handed_a_jobs_quotas_label_them_and_wait_for_a_slot(tmp_path) -> None:
     """Without Kafka: the job's quotas, handed to Sandboxes, hold a second sandbox back while
     the one slot of quota_sandboxes=1 is taken, and label each with the job's name."""
-    settings = Settings(sandbox="bwrap", sandbox_root=str(tmp_path))
+    settings = Settings().override(sandbox="bwrap", sandbox_root=str(tmp_path))
     quotas = JobQuotas(jobs.new_job("capped", "cluster", quota_sandboxes=1), settings, "run")
-    sandboxes = Sandboxes(settings.sandbox_settings(), quotas)
+    sandboxes = Sandboxes(settings.sandbox, quotas)
     backend = sandboxes.backend("bwrap")
 
     async def main() -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from dataclasses import replace
 
 import pytest
 
@@ -87,7 +86,7 @@ def test_episodes_go_on_while_a_new_partition_is_restored(settings: Settings) ->
     other.subscribe([settings.topics.episodes])
     server = SimulatedServer(script=script, step_s=lambda running: STEP_S)
     with Fleet([server]) as fleet:
-        run_settings = replace(settings, policy_url=fleet.urls[0], health_interval_s=0.2)
+        run_settings = settings.override(policy_url=fleet.urls[0], health_interval_s=0.2)
         stage = TimedRestores(run_settings)
         runtime = StageRuntime(stage, run_settings)
         thread = threading.Thread(target=lambda: asyncio.run(runtime.serve()))

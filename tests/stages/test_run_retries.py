@@ -170,8 +170,8 @@ def test_infra_failures_are_retried_numbered_bounded_and_groups_never_shrink_sil
     publish(settings)
     # Turns take a while (0.2 s), so episodes are mid-way on both servers when one is killed.
     with Fleet([SimulatedServer(step_s=lambda running: 0.1) for _ in range(2)]) as fleet:
-        run_settings = replace(settings, policy_url=",".join(fleet.urls), health_interval_s=0.2,
-                               request_timeout_s=2.0)
+        run_settings = settings.override(policy_url=",".join(fleet.urls), health_interval_s=0.2,
+                                         request_timeout_s=2.0)
         runtimes = [StageRuntime(RunStage(run_settings), run_settings),
                     StageRuntime(EvalStage(settings), settings)]
         threads = serve(runtimes)

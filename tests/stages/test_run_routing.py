@@ -4,7 +4,6 @@ added and removed, token exactness against what each server returned, failures a
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from collections import Counter
 
 import pytest
@@ -260,6 +259,5 @@ def test_every_environment_kind_has_one_registered_player() -> None:
 def test_run_settings_list_every_server(tmp_path) -> None:
     extra = tmp_path / "servers.txt"
     extra.write_text("http://b:8000/\n# a comment\n\nhttp://a:8000  # dup\n")
-    settings = dataclasses.replace(run_settings(["http://a:8000", "http://c:8000"]),
-                                   policy_url_file=str(extra))
-    assert settings.policy_urls() == ["http://a:8000", "http://c:8000", "http://b:8000"]
+    settings = run_settings(["http://a:8000", "http://c:8000"]).override(policy_url_file=str(extra))
+    assert settings.inference.policy_urls() == ["http://a:8000", "http://c:8000", "http://b:8000"]

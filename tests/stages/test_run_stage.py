@@ -7,7 +7,6 @@ import json
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -57,7 +56,7 @@ def run_until_output(settings: Settings, topic: str, timeout: float = 60.0) -> l
 
 
 def test_run_resumes_an_episode_from_its_checkpoint(settings: Settings, policy_url: str) -> None:
-    settings = replace(settings, policy_url=policy_url)
+    settings = settings.override(policy_url=policy_url)
     template = EmbeddedChatTemplate()
     task = guess_task()
     first_prompt = template.first_prompt(task["prompt"])
@@ -111,8 +110,8 @@ def test_failing_server_ends_the_episode_as_infra_not_reward_zero(
     monkeypatch.setattr("rollstream.turns.RETRY_DELAYS_S", (0.05, 0.05))
     # Healthy by /health (so RUN takes the episode), but every completion's connection drops.
     with Fleet([SimulatedServer(fault="drop")]) as fleet:
-        settings = replace(settings, policy_url=fleet.urls[0],
-                               request_timeout_s=2.0)
+        settings = settings.override(policy_url=fleet.urls[0],
+                                     request_timeout_s=2.0)
         [msg] = run_until_output(settings, settings.topics.trajectories)
     trajectory = codec().decode_as("Trajectory", msg.value())
     assert trajectory["termination"] == "INFRA_ERROR"
@@ -125,8 +124,8 @@ def test_no_usable_server_means_no_episodes_taken(settings: Settings) -> None:
     """With every server down RUN has no capacity: episodes wait in the topic rather than
     being burnt as infra failures, and run once a server answers again."""
     port = free_port()
-    settings = replace(settings, policy_url=f"http://127.0.0.1:{port}",
-                           health_interval_s=0.2)
+    settings = settings.override(policy_url=f"http://127.0.0.1:{port}",
+                                 health_interval_s=0.2)
     producer = kafka.producer(settings)
     kafka.produce(producer, settings.topics.episodes, codec().encode("Episode", {
         "episode_id": "wait-1#0", "task": guess_task(), "sample_index": 0, "created_at_ms": 1,
@@ -162,8 +161,8 @@ def test_servers_at_their_cap_pause_run_instead_of_queueing(settings: Settings) 
             "sample_index": 0, "created_at_ms": 1}), key=episode_id)
     producer.flush()
     with Fleet([server]) as fleet:
-        settings = replace(settings, policy_url=fleet.urls[0],
-                               server_max_in_flight=2)
+        settings = settings.override(policy_url=fleet.urls[0],
+                                     server_max_in_flight=2)
         stage = RunStage(settings)
         runtime = StageRuntime(stage, settings)
         most_in_flight = 0

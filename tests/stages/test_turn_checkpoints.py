@@ -83,7 +83,7 @@ def play(settings: Settings, max_turns: int = TURNS,
     step_s = 0.006 if interrupt_after is not None else 0.0
     server = SimulatedServer(script=long_guess, step_s=lambda running: step_s)
     with Fleet([server]) as fleet:
-        settings = replace(settings, policy_url=fleet.urls[0], commit_interval_ms=100)
+        settings = settings.override(policy_url=fleet.urls[0], commit_interval_ms=100)
         run = Run(settings)
         try:
             if interrupt_after is not None:

@@ -11,7 +11,6 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import replace
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
@@ -93,7 +92,7 @@ def test_a_call_out_is_served_and_abandoned_once_it_is_no_longer_wanted() -> Non
 
 def test_a_fenced_trainer_cannot_commit_and_the_new_one_trains_each_batch_once(
         settings: Settings) -> None:
-    settings = replace(settings, instance_id="trainer-1")
+    settings = settings.override(instance_id="trainer-1")
     publish_groups(settings, tasks=8, group_size=2)
     zombie = TrainerBridge(settings, groups_per_batch=1)
     batches = zombie.batches(idle_timeout_s=20)
@@ -133,7 +132,7 @@ def test_a_trainer_killed_mid_commit_trains_each_batch_once(settings: Settings) 
     # killed trainer's open transaction holds the rest back until it times out: on a busy
     # machine a 5 s idle bound ended the resume early).
     left = TASKS - done // 2
-    with TrainerBridge(replace(settings, instance_id="trainer-k"), groups_per_batch=1) as bridge:
+    with TrainerBridge(settings.override(instance_id="trainer-k"), groups_per_batch=1) as bridge:
         for step, batch in enumerate(bridge.batches(idle_timeout_s=90)):
             batch.ack([trained(settings, batch, 1000 + step)])
             if step + 1 == left:
