@@ -80,6 +80,10 @@ class StageSettings:
 
     max_in_flight: int = _setting(
         64, "stage", "events a stage process works on at once (backpressure)")
+    fetch_buffer: int = _setting(
+        64, "stage", "events an async stage (RUN, EVAL) keeps fetched beyond those in flight, "
+        "to start the moment a slot frees (0: none; a paused partition then waits up to a "
+        "second for its next event)")
     commit_interval_ms: int = _setting(200, "stage", "how often a stage commits its transaction")
     admission_window: int = _setting(
         0, "admission", "INIT admits at most this many tasks beyond what the trainer has consumed "

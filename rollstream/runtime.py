@@ -5,13 +5,13 @@ from the shared consume loop (rollstream/consume/) and produces its outputs ther
 - a consumer group with cooperative-sticky assignment (optional static membership); the state
   of newly held partitions (`Stage.restore`) is read back in the main loop while they stay
   paused, the other partitions going on meanwhile (rollstream/consume/restores.py);
-- bounded in-flight work: at `max_in_flight` events the partitions are paused (still polling,
-  so the group keeps us), resumed when work finishes; no unbounded in-process queue. An async
-  stage without capacity now (Stage.capacity, e.g. RUN's servers full or its fair share taken)
-  keeps the events already fetched waiting in process, in flight and waiting together within
-  `max_in_flight`, instead of pausing at once: the client drops a paused partition's fetched
-  events and, resumed, fetches again only after a delay of up to its fetch wait (0.4-1 s
-  measured), a slot left idle that long each time capacity comes back;
+- bounded in-flight work: at most `max_in_flight` events in flight, and an async stage keeps
+  up to `fetch_buffer` more fetched and waiting in process, ready to start the moment an event
+  ends or capacity comes back (Stage.capacity, e.g. RUN's servers full or its fair share
+  taken); with both full the partitions are paused (still polling, so the group keeps us) and
+  resumed when work finishes; no unbounded in-process queue. The buffer is what keeps a slot
+  from idling: the client drops a paused partition's fetched events and, resumed, fetches
+  again only after a delay of up to its fetch wait (0.4-1 s measured);
 - one Kafka transaction per commit interval holding the outputs and the input offsets
   (KIP-447), read by read_committed consumers downstream, so a crash neither loses nor
   duplicates an output; events finished out of order are recorded in the offset metadata
@@ -170,6 +170,7 @@ class StageRuntime:
         self.encoder = Encoder(settings, self.codec)
         self.clock = CommitClock(settings.stage.commit_interval_ms)
         self.max_in_flight = settings.stage.max_in_flight
+        self.fetch_buffer = settings.stage.fetch_buffer
         self.restores = Restores(stage.restore)
         self._async = inspect.iscoroutinefunction(stage.handle)
         record = stage.input_record
@@ -309,14 +310,16 @@ class StageRuntime:
         return None if msgs is None else bool(msgs)
 
     def _take_async(self) -> bool | None:
-        """Fetch within max_in_flight (in flight and waiting together), then start what the
-        stage's capacity allows, oldest first."""
-        msgs = self._fetch(self.max_in_flight - len(self._tasks) - len(self._waiting))
+        """Fetch within max_in_flight and the fetch buffer, then start what the stage's capacity
+        allows within max_in_flight, oldest first."""
+        msgs = self._fetch(self.max_in_flight + self.fetch_buffer - len(self._tasks)
+                           - len(self._waiting))
         if msgs is None:
             return None
         self._waiting.extend(msgs)
         room = self._room()
-        started = self._start_waiting(len(self._waiting) if room is None else room)
+        free = self.max_in_flight - len(self._tasks)
+        started = self._start_waiting(free if room is None else min(room, free))
         return bool(msgs) or started > 0
 
     def _room(self) -> int | None:

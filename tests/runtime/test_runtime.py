@@ -6,6 +6,7 @@ import asyncio
 import threading
 import time
 
+import pytest
 from confluent_kafka import TopicPartition
 
 from rollstream.cluster import kafka
@@ -149,6 +150,40 @@ def test_backpressure_bounds_in_flight_work(settings: Settings) -> None:
     runtime._reap = reap_and_measure  # type: ignore[method-assign]
     run_until(runtime, lambda: runtime.stats["processed"] >= 199)
     assert 1 <= peak <= 5
+
+
+class Steady(SlowEcho):
+    """Every event takes 50 ms: in flight stays full while the backlog lasts."""
+
+    async def handle(self, event: dict, ctx: EventContext) -> list[Output]:
+        await asyncio.sleep(0.05)
+        return [Output(self.topics.trajectories, str(event["version"]), "PolicyVersion", event)]
+
+
+@pytest.mark.parametrize("fetch_buffer", [0, 7])
+def test_the_fetch_buffer_holds_events_ready_beside_those_in_flight(
+        settings: Settings, fetch_buffer: int) -> None:
+    settings = settings.override(max_in_flight=5, fetch_buffer=fetch_buffer)
+    producer = kafka.producer(settings)
+    for v in range(1, 120):
+        kafka.produce(producer, settings.topics.policy, policy_event(v), key=str(v))
+    producer.flush()
+    runtime = StageRuntime(Steady(settings), settings)
+    peaks = {"in_flight": 0, "held": 0}
+    original = runtime._reap
+
+    def reap_and_measure() -> None:
+        peaks["in_flight"] = max(peaks["in_flight"], runtime.in_flight)
+        peaks["held"] = max(peaks["held"], runtime.in_flight + runtime.waiting)
+        original()
+
+    runtime._reap = reap_and_measure  # type: ignore[method-assign]
+    run_until(runtime, lambda: runtime.stats["processed"] >= 119)
+    assert peaks["in_flight"] == 5  # the bound on work, whatever the buffer
+    if fetch_buffer:
+        assert 5 < peaks["held"] <= 5 + fetch_buffer  # events waited, ready, beside them
+    else:
+        assert peaks["held"] == 5
 
 
 class OneAtATime(SlowEcho):
