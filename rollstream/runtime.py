@@ -183,6 +183,7 @@ class StageRuntime:
         self._emitted: list[tuple[Message, Output, bytes | None]] | None = None
         # Async stages: events fetched that wait for the stage's capacity, oldest first.
         self._waiting: deque[Message] = deque()
+        self.started = 0  # async events started so far (a fleet's fair share counts them)
         self._last_report = time.monotonic()
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -429,6 +430,7 @@ class StageRuntime:
         task = asyncio.ensure_future(self._call(event, EventContext(msg.partition(),
                                                                      msg.offset(), emit)))
         self._tasks[task] = (msg.partition(), msg)
+        self.started += 1
 
     def _reason(self, exc: Exception) -> str:
         """The dead-letter reason for an event whose handling raised `exc`."""

@@ -36,6 +36,8 @@ class Demand:
     wants: bool  # input is waiting (its last poll filled what it asked for)
     quota: int = 0  # episodes in flight at most; 0: none
     priority: int = 0
+    started: int = 0  # episodes the job has started so far: its service, for ties
+    ready: bool = True  # events it fetched wait to start (wanting, it may have none yet)
 
 
 def allowances(slots: int, demands: Mapping[str, Demand],
@@ -83,10 +85,12 @@ class Plan:
     the plan's): each job's in-flight count stays within the plan's plus its allotment, so the
     fleet's stays within the slots, however the asks and episodes interleave.
 
-    The plan keeps each job's service, the episodes it started (its in-flight count's rise over
-    a plan, within its allotment), for the ties; a job new to it starts at the least service
-    per weight of the others, as a new flow takes the current virtual time, so that it does
-    not win every tie until it has caught up with jobs that ran for hours.
+    The plan keeps each job's service, the episodes it started (its `started` count's rise:
+    counted, not inferred from its in-flight count, which an episode that ends as another
+    starts leaves unchanged), for the ties; a job new to it, or one with no event ready to
+    start now, is kept at no less than the least service per weight of the jobs that have, as a
+    flow that returns takes the current virtual time in fair queueing, so that it does not
+    win every tie until it has caught up with jobs that ran while it had nothing to do.
     """
 
     def __init__(self, slots: Callable[[], int],
@@ -120,10 +124,17 @@ class Plan:
         for j, d in base.items():
             before = self._base.get(j)
             if j in self.served and before is not None:
-                started = min(self._allotted[j], max(0, d.in_flight - before.in_flight))
-                served[j] = self.served[j] + started
-        least = min((served[j] / base[j].weight for j in served), default=0.0)
-        self.served = {j: served.get(j, least * d.weight) for j, d in base.items()}
+                served[j] = self.served[j] + max(0, d.started - before.started)
+        # The fleet's virtual time: the least service per weight of the jobs with events ready
+        # to start. A job new to the plan, or with none ready now, is brought up to it: what
+        # it did not take while it had nothing to start is no credit, or a job back from idle
+        # (or slow to fetch, or topped up in bursts) would win every tie until the others'
+        # lead was spent.
+        busy = [served[j] / base[j].weight for j in served if base[j].wants and base[j].ready]
+        least = min(busy or [served[j] / base[j].weight for j in served], default=0.0)
+        self.served = {j: served[j] if j in served and d.wants and d.ready
+                       else max(served.get(j, 0.0), least * d.weight)
+                       for j, d in base.items()}
         self._base = base
         self._allotted = allowances(self.slots(), base, self.served)
         self._asked.clear()

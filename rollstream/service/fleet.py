@@ -176,6 +176,7 @@ class Fleet:
         recent = time.monotonic() - WANTS_S
         return {
             n: Demand(weight=s.job["weight"], in_flight=s.runtime.in_flight,
+                      started=s.runtime.started, ready=s.runtime.waiting > 0,
                       # A job its quotas hold back wants nothing: its share is the others'.
                       wants=((s.runtime.waiting > 0
                               or _wants(s.runtime.loop.empty_since, recent))

@@ -134,7 +134,8 @@ def test_ties_go_to_the_least_served_job_not_the_first_name() -> None:
     average out to the weights'."""
     weights = {"a": 1.0, "b": 2.0, "c": 1.0}
     in_flight = dict.fromkeys(weights, 0)
-    plan = Plan(lambda: 10, lambda: {j: Demand(w, in_flight[j], True)
+    started = dict.fromkeys(weights, 0)
+    plan = Plan(lambda: 10, lambda: {j: Demand(w, in_flight[j], True, started=started[j])
                                      for j, w in weights.items()})
     rng = random.Random(11)
     held = dict.fromkeys(weights, 0)
@@ -142,7 +143,9 @@ def test_ties_go_to_the_least_served_job_not_the_first_name() -> None:
     for _ in range(rounds):
         for job in weights:  # the loop's fixed order: a always asks first
             in_flight[job] -= sum(rng.random() < 0.1 for _ in range(in_flight[job]))
-            in_flight[job] += plan.allowance(job, in_flight[job])
+            more = plan.allowance(job, in_flight[job])
+            in_flight[job] += more
+            started[job] += more
         for job in weights:
             held[job] += in_flight[job]
     shares = {j: n / sum(held.values()) for j, n in held.items()}
@@ -156,12 +159,63 @@ def test_ties_go_to_the_least_served_job_not_the_first_name() -> None:
 
 def test_a_job_new_to_the_plan_starts_at_the_others_service_not_at_zero() -> None:
     in_flight = {"a": 0}
-    plan = Plan(lambda: 4, lambda: {j: Demand(1, n, True) for j, n in in_flight.items()})
+    started = {"a": 0}
+    plan = Plan(lambda: 4, lambda: {j: Demand(1, n, True, started=started.get(j, 0))
+                                    for j, n in in_flight.items()})
     for _ in range(3):  # a runs alone for a while: 4 episodes started, ended, started again
         in_flight["a"] = plan.allowance("a", 0)
+        started["a"] += in_flight["a"]
         plan.allowance("a", in_flight["a"])  # the next plan sees them started
         in_flight["a"] = 0
     assert plan.served["a"] == 12
     in_flight["new"] = 0
     plan.allowance("a", 0)
     assert plan.served["new"] == plan.served["a"] == 12
+
+
+def test_service_counts_an_episode_that_ends_as_another_starts() -> None:
+    """Service is the episodes a job started, not its in-flight count's rise: a job whose
+    episode ended as its next one started has been served, and loses the next tie to one that
+    was not (counted by the rise, a looked unserved and took the odd slot again by name)."""
+    in_flight = {"a": 1, "c": 1}
+    started = {"a": 1, "c": 1}
+    plan = Plan(lambda: 3, lambda: {j: Demand(1, in_flight[j], True, started=started[j])
+                                    for j in in_flight})
+    assert plan.allowance("a", 1) == 1  # the odd slot: a tie, both unserved
+    started["a"] += 1  # a starts it, and one of its episodes ends meanwhile
+    assert plan.allowance("c", 1) == 0
+    plan.allowance("a", 1)  # a asks again (still 1 in flight): the next plan
+    assert plan.served["a"] == plan.served["c"] + 1
+    assert plan.allowance("c", 1) == 1  # the odd slot goes to c, served less
+
+
+def test_a_job_with_nothing_to_do_gains_no_credit_for_the_ties() -> None:
+    """A job idle while another was served comes back at the other's service, not behind it
+    (behind, it would win every tie until it had caught up with service it never wanted)."""
+    in_flight = {"busy": 0, "idle": 0}
+    started = {"busy": 0, "idle": 0}
+    wants = {"busy": True, "idle": False}
+    plan = Plan(lambda: 3, lambda: {j: Demand(1, in_flight[j], wants[j], started=started[j])
+                                    for j in in_flight})
+    for _ in range(5):  # busy runs: 3 started, 3 ended, each round
+        more = plan.allowance("busy", 0)
+        started["busy"] += more
+        plan.allowance("busy", 0)
+    assert plan.served["busy"] >= 12 and plan.served["idle"] == plan.served["busy"]
+    wants["idle"] = True
+    in_flight["busy"] = 1
+    plan.allowance("busy", 1)
+    assert plan.served["idle"] == plan.served["busy"]  # back at the busy job's service
+
+
+def test_a_job_with_no_event_ready_gains_no_credit_either() -> None:
+    """Wanting (input seen lately) but with nothing fetched to start is idle for the ties."""
+    in_flight = {"busy": 0, "slow": 0}
+    started = {"busy": 0, "slow": 0}
+    plan = Plan(lambda: 2, lambda: {j: Demand(1, in_flight[j], True, started=started[j],
+                                              ready=j == "busy") for j in in_flight})
+    for _ in range(4):
+        more = plan.allowance("busy", 0)
+        started["busy"] += more
+        plan.allowance("busy", 0)
+    assert plan.served["slow"] == plan.served["busy"] > 0
