@@ -59,13 +59,18 @@ from stages.run import RunStage
 
 NAME = "fairshare"
 PARTITIONS = 2
-SLOTS = 8  # episodes per server at once (server_max_in_flight)
+SLOTS = 8  # sequences a server decodes at once, and RUN's episodes per server at once
+OVERSUBSCRIBED = 10  # RUN's episodes per server where slots are oversubscribed (10 per 8)
 STEP_S = 0.1
 TOKENS = 4  # a turn: 3 digits and the stop token, 0.4 s at any concurrency
 SAMPLE_S = 0.1
 # 1-2: weights 1:2:1, all backlogged for WEIGHTED_S, then the third job's input runs dry.
 WEIGHTS = {"w1a": 1.0, "w2": 2.0, "w1b": 1.0}
-WEIGHTED_S = 15.0
+WEIGHTED_S = 25.0
+# The shares are read from this long after every job finished its first episode: the jobs get
+# their partitions one after another, the first takes every slot meanwhile (work-conserving),
+# and the others then win the ties until their service has caught up (about 5 s here).
+SETTLE_S = 6.0
 IDLE_S = 15.0
 TOP_UP = 16
 # 3: two paced jobs, alone then under a flood of 10x their tasks.
@@ -79,8 +84,12 @@ BATCHES = 6
 OFFSET = 0.5
 QUICK = 3  # --quick: every phase this many times shorter
 
-TARGET_SHARE_POINTS = 5.0
+# 5: one job at max_in_flight = its slots, with and without the fetch buffer.
+BUFFER_S = 15.0
+
+TARGET_SHARE_POINTS = 2.0  # with slots oversubscribed
 TARGET_UTILISATION = 0.95
+TARGET_DECODE_BATCH = 0.95  # the servers' decode batch, with slots oversubscribed
 TARGET_LATENCY_RATIO = 1.2
 TARGET_SHARING = 1.3  # shared / dedicated episodes/s of the bursty jobs
 
@@ -104,12 +113,17 @@ class Episode:
 
 @dataclass
 class Cluster:
-    """A fresh cluster prefix, its jobs and a RUN fleet serving them on `servers`."""
+    """A fresh cluster prefix, its jobs and a RUN fleet serving them on `servers` (each
+    decoding SLOTS sequences at once), RUN sending each `slots` episodes at once."""
     base: Settings
     servers: int
+    slots: int = SLOTS
+    stage: dict[str, int] = field(default_factory=dict)  # stage settings of the fleet's RUN
     settings: Settings = field(init=False)
     made: dict[str, Job] = field(default_factory=dict)
     samples: list[tuple[float, float]] = field(default_factory=list)  # (time, in flight/slots)
+    # (time, sequence-seconds decoded by all servers so far), sampled with the above.
+    decoded: list[tuple[float, float]] = field(default_factory=list)
     published: dict[str, int] = field(default_factory=dict)
     # One producer per job, kept, as a trainer keeps its own (a new one per batch spent a
     # metadata round trip and its start-up on every batch).
@@ -166,14 +180,24 @@ class Cluster:
         window = [u for t, u in self.samples if start <= t <= end]
         return statistics.fmean(window) if window else 0.0
 
+    def decode_batch(self, start: float, end: float) -> float:
+        """How full the servers' decode batches were between the samples nearest `start` and
+        `end`: sequence-seconds decoded / (sequences x seconds)."""
+        window = [(t, d) for t, d in self.decoded if start <= t <= end]
+        if len(window) < 2:
+            return 0.0
+        (t0, d0), (t1, d1) = window[0], window[-1]
+        return (d1 - d0) / (SLOTS * self.servers * (t1 - t0))
+
     async def serve(self, scenario: Callable[[Fleet], Any]) -> None:
         """Run the fleet on fresh servers while `scenario(fleet)` runs."""
         servers = [SimulatedServer(script=script, step_s=lambda running: STEP_S,
                                    max_num_seqs=SLOTS) for _ in range(self.servers)]
         urls = [await s.start() for s in servers]
-        run_settings = self.settings.override(policy_url=",".join(urls),
-                                              server_max_in_flight=SLOTS, health_interval_s=0.5)
-        router = Router(urls, max_episodes=SLOTS, health_interval_s=0.5)
+        run_settings = self.settings.override(
+            policy_url=",".join(urls), server_max_in_flight=self.slots, health_interval_s=0.5,
+            **self.stage)
+        router = Router(urls, max_episodes=self.slots, health_interval_s=0.5)
         await router.start()
 
         def make_stage(s: Settings, quotas: JobQuotas, share: Callable[[], int]) -> Stage:
@@ -187,7 +211,9 @@ class Cluster:
         async def sample() -> None:
             while True:
                 running = sum(s.runtime.in_flight for s in fleet.served.values())
-                self.samples.append((time.time(), running / (SLOTS * self.servers)))
+                now = time.time()
+                self.samples.append((now, running / (self.slots * self.servers)))
+                self.decoded.append((now, sum(s.sequence_seconds() for s in servers)))
                 await asyncio.sleep(SAMPLE_S)
 
         sampler = asyncio.create_task(sample())
@@ -226,8 +252,9 @@ def log_utilisation(episodes: list[Episode], slots: int, start_ms: float, end_ms
 
 # -- 1 and 2: weights, then one job idle ---------------------------------------------------
 
-def weights_and_idle(base: Settings, weighted_s: float, idle_s: float) -> dict[str, Any]:
-    cluster = Cluster(base, servers=1)
+def weights_and_idle(base: Settings, weighted_s: float, idle_s: float, slots: int,
+                     settle_s: float = SETTLE_S) -> dict[str, Any]:
+    cluster = Cluster(base, servers=1, slots=slots)
     idle_job = list(WEIGHTS)[-1]
     marks: dict[str, float] = {}
     # The others' backlogs outlast both phases, even at the servers' full rate.
@@ -262,11 +289,12 @@ def weights_and_idle(base: Settings, weighted_s: float, idle_s: float) -> dict[s
     finally:
         cluster.close()
     total = sum(WEIGHTS.values())
-    # Phase 1: from the moment every job has finished an episode (all have started) to the
-    # last top-up of the idle job (it had input waiting until then).
+    # Phase 1: from `settle_s` after every job has finished an episode (all have started) to
+    # the last top-up of the idle job (it had input waiting until then).
     firsts = [min(e.finished_ms for e in found if e.job == n) for n in WEIGHTS]
     idle_eps = [e for e in found if e.job == idle_job]
-    w_start, w_end = max(firsts), marks["dry"] * 1000
+    w_end = marks["dry"] * 1000
+    w_start = min(max(firsts) + settle_s * 1000, w_end - 1000)
     turns = {n: sum(e.turns for e in found if e.job == n and w_start <= e.finished_ms <= w_end)
              for n in WEIGHTS}
     shares = {n: round(100 * turns[n] / max(1, sum(turns.values())), 2) for n in WEIGHTS}
@@ -281,25 +309,32 @@ def weights_and_idle(base: Settings, weighted_s: float, idle_s: float) -> dict[s
     sampled = cluster.utilisation(i_start_ms / 1000, i_end_ms / 1000)
     after_settle = cluster.utilisation(i_start_ms / 1000 + 2.0, i_end_ms / 1000)
     return {
+        "slots_per_server": slots, "sequences_per_server": SLOTS,
         "weights": WEIGHTS, "backlog": backlog, "idle_job_published": len(idle_eps),
         "run_s": round(ended - started, 1),
-        "weighted": {"window_s": round((w_end - w_start) / 1000, 1), "turns": turns,
+        "weighted": {"window_s": round((w_end - w_start) / 1000, 1), "settle_s": settle_s,
+                     "turns": turns,
                      "share_percent": shares, "target_percent": targets,
                      "worst_deviation_points": round(worst, 2),
+                     "decode_batch": round(cluster.decode_batch(w_start / 1000, w_end / 1000), 4),
                      "met": worst <= TARGET_SHARE_POINTS},
         "idle": {"idle_job": idle_job, "window_s": round((i_end_ms - i_start_ms) / 1000, 1),
                  "turns_of_the_others": others,
                  "utilisation_sampled": round(sampled, 4),
                  "utilisation_sampled_after_2s": round(after_settle, 4),
-                 "utilisation_from_log": round(log_utilisation(found, SLOTS, i_start_ms,
+                 "utilisation_from_log": round(log_utilisation(found, slots, i_start_ms,
                                                                i_end_ms), 4),
+                 "decode_batch": round(cluster.decode_batch(i_start_ms / 1000,
+                                                            i_end_ms / 1000), 4),
                  "met": sampled >= TARGET_UTILISATION},
     }
 
 
-def one_job(base: Settings, seconds: float) -> dict[str, Any]:
-    """The baseline of 2: one backlogged job alone on the fleet, its utilisation."""
-    cluster = Cluster(base, servers=1)
+def one_job(base: Settings, seconds: float, slots: int = SLOTS,
+            stage: dict[str, int] | None = None) -> dict[str, Any]:
+    """One backlogged job alone on the fleet: its utilisation, episodes/s and decode batch (the
+    baseline of 2, and each side of 5)."""
+    cluster = Cluster(base, servers=1, slots=slots, stage=stage or {})
     marks: dict[str, float] = {}
     try:
         cluster.create("solo")
@@ -317,10 +352,13 @@ def one_job(base: Settings, seconds: float) -> dict[str, Any]:
         found = cluster.episodes()
     finally:
         cluster.close()
+    start_ms, end_ms = marks["start"] * 1000, marks["end"] * 1000
     return {"seconds": round(marks["end"] - marks["start"], 1),
+            "episodes_per_s": round(sum(start_ms <= e.finished_ms <= end_ms for e in found)
+                                    / (marks["end"] - marks["start"]), 2),
             "utilisation_sampled": round(cluster.utilisation(marks["start"], marks["end"]), 4),
-            "utilisation_from_log": round(log_utilisation(
-                found, SLOTS, marks["start"] * 1000, marks["end"] * 1000), 4)}
+            "utilisation_from_log": round(log_utilisation(found, slots, start_ms, end_ms), 4),
+            "decode_batch": round(cluster.decode_batch(marks["start"], marks["end"]), 4)}
 
 
 # -- 3: one job floods ---------------------------------------------------------------------
@@ -430,8 +468,20 @@ def bursty(base: Settings, shared: bool, batches: int) -> dict[str, Any]:
 def run(quick: bool = False) -> dict[str, Any]:
     scale = QUICK if quick else 1
     base = load(bootstrap_servers=local.resolve_bootstrap())
-    weighted = weights_and_idle(base, WEIGHTED_S / scale, IDLE_S / scale)
-    alone = one_job(base, IDLE_S / scale)
+    per_sequence = weights_and_idle(base, WEIGHTED_S / scale, IDLE_S / scale, SLOTS,
+                                    SETTLE_S / scale)
+    weighted = weights_and_idle(base, WEIGHTED_S / scale, IDLE_S / scale, OVERSUBSCRIBED,
+                                SETTLE_S / scale)
+    alone = one_job(base, IDLE_S / scale, slots=OVERSUBSCRIBED)
+    # 5: in flight bounded at the slots, so only the buffer keeps the next episode at hand.
+    bounded = {"max_in_flight": OVERSUBSCRIBED}
+    buffered = one_job(base, BUFFER_S / scale, OVERSUBSCRIBED, stage=bounded)
+    unbuffered = one_job(base, BUFFER_S / scale, OVERSUBSCRIBED,
+                         stage={**bounded, "fetch_buffer": 0})
+    buffer = {"max_in_flight": OVERSUBSCRIBED, "fetch_buffer": Settings().stage.fetch_buffer,
+              "buffered": buffered, "unbuffered": unbuffered,
+              "episodes_per_s_ratio": round(buffered["episodes_per_s"]
+                                            / max(1e-9, unbuffered["episodes_per_s"]), 3)}
     flooded = flood(base, PACED_S / scale)
     batches = max(2, BATCHES // scale)
     shared = bursty(base, shared=True, batches=batches)
@@ -443,18 +493,25 @@ def run(quick: bool = False) -> dict[str, Any]:
                                           / max(1e-9, dedicated["utilisation_sampled"]), 3)}
 
     w, i = weighted["weighted"], weighted["idle"]
-    print_table("weights 1:2:1, backlogged: share of completed turns (%)",
-                ["job", "weight", "turns", "share %", "target %"],
-                [[n, WEIGHTS[n], w["turns"][n], w["share_percent"][n], w["target_percent"][n]]
-                 for n in WEIGHTS])
+    p = per_sequence["weighted"]
+    print_table(f"weights 1:2:1, backlogged: share of completed turns (%), {OVERSUBSCRIBED} "
+                f"slots per server of {SLOTS} sequences (and {SLOTS} slots)",
+                ["job", "weight", "turns", "share %", "target %", f"share % at {SLOTS}"],
+                [[n, WEIGHTS[n], w["turns"][n], w["share_percent"][n], w["target_percent"][n],
+                  p["share_percent"][n]] for n in WEIGHTS])
+    w["decode_met"] = w["decode_batch"] >= TARGET_DECODE_BATCH
     print(f"  worst deviation {w['worst_deviation_points']} points (target ≤ "
-          f"{TARGET_SHARE_POINTS}): {'met' if w['met'] else 'MISSED'}")
+          f"{TARGET_SHARE_POINTS}): {'met' if w['met'] else 'MISSED'}; at {SLOTS} slots "
+          f"{p['worst_deviation_points']}")
+    print(f"  servers' decode batch {w['decode_batch']} full (target ≥ {TARGET_DECODE_BATCH}: "
+          f"{'met' if w['decode_met'] else 'MISSED'}); at {SLOTS} slots {p['decode_batch']}")
     print_table("one job idle: the others take its slots",
                 ["measure", "value", "target"],
                 [["utilisation (in flight / slots)", i["utilisation_sampled"],
                   f"≥ {TARGET_UTILISATION}"],
                  ["  the same from 2 s after it went idle", i["utilisation_sampled_after_2s"], ""],
                  ["utilisation from the log", i["utilisation_from_log"], ""],
+                 ["servers' decode batch", i["decode_batch"], ""],
                  ["baseline: one job alone (in flight / slots)", alone["utilisation_sampled"],
                   ""],
                  ["baseline: one job alone, from the log", alone["utilisation_from_log"], ""],
@@ -469,20 +526,30 @@ def run(quick: bool = False) -> dict[str, Any]:
                   r["utilisation_from_log"]] for r in (shared, dedicated)])
     print(f"  shared / dedicated: episodes/s x{sharing['episodes_per_s_ratio']} (target ≥ "
           f"{TARGET_SHARING}), utilisation x{sharing['utilisation_ratio']}")
+    print_table(f"one job, at most {OVERSUBSCRIBED} in flight (its slots): the fetch buffer",
+                ["fetch_buffer", "episodes/s", "utilisation", "decode batch"],
+                [[buffer["fetch_buffer"], buffered["episodes_per_s"],
+                  buffered["utilisation_sampled"], buffered["decode_batch"]],
+                 [0, unbuffered["episodes_per_s"], unbuffered["utilisation_sampled"],
+                  unbuffered["decode_batch"]]])
+    print(f"  buffered / unbuffered episodes/s x{buffer['episodes_per_s_ratio']}")
 
     sharing["met"] = sharing["episodes_per_s_ratio"] >= TARGET_SHARING
-    met = w["met"] and i["met"] and flooded["met"] and sharing["met"]
+    met = w["met"] and w["decode_met"] and i["met"] and flooded["met"] and sharing["met"]
     doc = {
         "quick": quick,
-        "setup": {"slots_per_server": SLOTS, "turn_s": STEP_S * TOKENS,
+        "setup": {"sequences_per_server": SLOTS, "slots_per_server": OVERSUBSCRIBED,
+                  "turn_s": STEP_S * TOKENS,
                   "partitions": PARTITIONS, "episode": "one arithmetic turn",
                   "measured_from": "the jobs' committed trajectories (publish, start, end); "
                                    "utilisation also sampled from the fleet every "
                                    f"{SAMPLE_S} s"},
-        "weights_and_idle": weighted, "one_job_alone": alone, "flood": flooded,
+        "weights_and_idle": weighted, "weights_and_idle_one_slot_per_sequence": per_sequence,
+        "one_job_alone": alone, "flood": flooded, "fetch_buffer": buffer,
         "bursty": {"batch": BATCH, "train_s": TRAIN_S, "batches_per_job": batches,
                    "offset_of_a_cycle": OFFSET, **sharing},
         "target": {"share_points": TARGET_SHARE_POINTS, "utilisation": TARGET_UTILISATION,
+                   "decode_batch": TARGET_DECODE_BATCH,
                    "latency_ratio": TARGET_LATENCY_RATIO, "sharing_ratio": TARGET_SHARING,
                    "met": met},
     }

@@ -99,6 +99,11 @@ class SimulatedServer:
         """Seconds spent with at least `at_least` requests decoding."""
         return sum(s for n, s in self._busy.items() if n >= at_least)
 
+    def sequence_seconds(self) -> float:
+        """Sequence-seconds decoded so far: over a window, its growth / (max_num_seqs x the
+        window's seconds) is how full the decode batch was."""
+        return sum(n * s for n, s in self._busy.items())
+
     # -- the engine ----------------------------------------------------------------------
 
     async def _decode_loop(self) -> None:
