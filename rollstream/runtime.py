@@ -11,7 +11,9 @@ from the shared consume loop (rollstream/consume/) and produces its outputs ther
   taken); with both full the partitions are paused (still polling, so the group keeps us) and
   resumed when work finishes; no unbounded in-process queue. The buffer is what keeps a slot
   from idling: the client drops a paused partition's fetched events and, resumed, fetches
-  again only after a delay of up to its fetch wait (0.4-1 s measured);
+  again only after a delay of up to its fetch wait (0.4-1 s measured). A pass of the loop
+  costs what finished since the last, not what is in flight: each event's task reports its
+  own end, and the loop waits for the first of those (RUN holds thousands of episodes);
 - one Kafka transaction per commit interval holding the outputs and the input offsets
   (KIP-447), read by read_committed consumers downstream, so a crash neither loses nor
   duplicates an output; events finished out of order are recorded in the offset metadata
@@ -39,6 +41,7 @@ from the shared consume loop (rollstream/consume/) and produces its outputs ther
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import inspect
 import logging
@@ -178,6 +181,10 @@ class StageRuntime:
             self.codec.check_header if record is None
             else functools.partial(self.codec.decode_as, record))
         self._tasks: dict[asyncio.Task, tuple[int, Message]] = {}
+        # Tasks that finished since the last reap, as their done-callbacks report them: a pass of
+        # the loop touches what finished, never every task in flight (thousands, for RUN).
+        self._finished: deque[asyncio.Task] = deque()
+        self._any_finished = asyncio.Event()
         # What events emitted while the transaction waited on the cluster, for the next
         # transaction (see the module's docstring); None while it does not.
         self._emitted: list[tuple[Message, Output, bytes | None]] | None = None
@@ -207,6 +214,7 @@ class StageRuntime:
         self.stopping.ask()
 
     async def serve(self) -> None:
+        self._any_finished = asyncio.Event()  # of this loop (a runtime may be served again)
         await self.stage.start()
         try:
             self.loop.open()
@@ -389,7 +397,11 @@ class StageRuntime:
 
     async def _wait(self, took: bool) -> None:
         if self._tasks:
-            await asyncio.wait(self._tasks, timeout=0.01, return_when=asyncio.FIRST_COMPLETED)
+            if not self._finished:  # until one finishes, or 10 ms for the loop's other work
+                self._any_finished.clear()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(0.01):
+                        await self._any_finished.wait()
         else:
             # On a shared loop an idle runtime waits here, where the others run meanwhile; so
             # does one whose events wait for capacity (its poll did not block).
@@ -430,7 +442,12 @@ class StageRuntime:
         task = asyncio.ensure_future(self._call(event, EventContext(msg.partition(),
                                                                      msg.offset(), emit)))
         self._tasks[task] = (msg.partition(), msg)
+        task.add_done_callback(self._on_finished)
         self.started += 1
+
+    def _on_finished(self, task: asyncio.Task) -> None:
+        self._finished.append(task)
+        self._any_finished.set()
 
     def _reason(self, exc: Exception) -> str:
         """The dead-letter reason for an event whose handling raised `exc`."""
@@ -454,10 +471,12 @@ class StageRuntime:
 
     def _reap(self) -> None:
         progress = self.loop.held.progress
-        for task in [t for t in self._tasks if t.done()]:
-            part, msg = self._tasks.pop(task)
-            if task.cancelled() or part not in progress:
+        while self._finished:  # one at a time: a Rewind leaves the rest for the next reap
+            task = self._finished.popleft()
+            held = self._tasks.pop(task, None)  # None: dropped meanwhile (revoked, forgotten)
+            if held is None or task.cancelled() or held[0] not in progress:
                 continue
+            part, msg = held
             outputs, reason = task.result()  # raises Rewind when the handler's emit hit one
             self._finish(msg, outputs, dead_letter=reason)
             progress[part].finished(msg.offset())
