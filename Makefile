@@ -193,8 +193,10 @@ test: test-venv deps images bytecode
 demo: venv broker-jars bytecode
 	$(BIN)/rollstream demo
 
+# `make bench BENCH="at_scale chaos"` runs the named ones, those run only on request included.
+BENCH ?=
 bench: test-venv deps bytecode
-	$(BIN)/python -m benchmarks
+	$(BIN)/python -m benchmarks $(BENCH)
 
 # mypy checks the packages that carry the pipeline's events ([tool.mypy] in pyproject.toml).
 lint: test-venv

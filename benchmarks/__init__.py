@@ -11,7 +11,7 @@ import json
 import os
 import platform
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -25,7 +25,7 @@ BENCHMARKS = ("codec", "checkpoint", "passthrough", "security", "saturation", "b
               "metrics", "gateway", "turn_cpu", "fairshare", "api")
 # Run only when named: each starts its own 3-node cluster or many processes, for many minutes;
 # adapters needs the pinned trainers (`make trainer-deps`, first on PYTHONPATH).
-ON_REQUEST = ("chaos", "chaos_jobs", "scaling", "adapters")
+ON_REQUEST = ("chaos", "chaos_jobs", "scaling", "at_scale", "adapters")
 
 
 def _version(dist: str) -> str | None:
@@ -126,3 +126,12 @@ def _fmt(value: Any) -> str:
     if isinstance(value, int) and not isinstance(value, bool):
         return f"{value:,}"
     return str(value)
+
+
+def script(run: Callable[..., Any], worker: Callable[[list[str]], None]) -> None:
+    """A benchmark with worker processes run as a script: `python -m benchmarks.<name>
+    [--quick]` runs it, `... worker ARGS` is one of its workers."""
+    if sys.argv[1:2] == ["worker"]:
+        worker(sys.argv[2:])
+    else:
+        run(quick="--quick" in sys.argv[1:])

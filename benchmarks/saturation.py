@@ -39,10 +39,11 @@ from typing import Any
 from unittest import mock
 
 from benchmarks import print_table, write_result
+from benchmarks.environments import Turns
 from rollstream.config import Settings
 from rollstream.dev.simulated import Fleet, SimulatedServer
 from rollstream.envs import registry
-from rollstream.envs.base import Environment, Score, StepResult
+from rollstream.envs.base import StepResult
 from rollstream.inference.client import InferenceClient
 from rollstream.runtime import EventContext
 from stages.run import RunStage
@@ -75,25 +76,16 @@ def tool_seconds(task: dict, turn: int) -> float:
     return random.Random(f"{task['task_id']}/{turn}").uniform(*TOOL_S)
 
 
-class ToolCalls(Environment):
+class ToolCalls(Turns):
     """A fixed number of turns, each answered after a tool call's latency."""
 
     name = "bench_tool_calls"
     description = "benchmark: TURNS turns, each a tool call of 100-500 ms"
 
-    def validate_task(self, task: dict) -> None:
-        pass
-
-    async def reset(self, task: dict) -> dict:
-        return {"turn": 0}
-
     async def step(self, task: dict, state: dict, completion_text: str) -> StepResult:
         await asyncio.sleep(tool_seconds(task, state["turn"]))
         turn = state["turn"] + 1
         return StepResult("ok", turn >= TURNS, None, {"turn": turn})
-
-    async def evaluate(self, task: dict, trajectory: dict) -> Score:
-        return Score(1.0, "ok", {})
 
 
 def episodes(n: int) -> list[dict]:

@@ -34,7 +34,8 @@ from unittest import mock
 
 from confluent_kafka import TopicPartition
 
-from benchmarks import print_table, write_result
+from benchmarks import print_table, script, write_result
+from benchmarks.environments import Turns
 from producers.publish import validate_task
 from rollstream.broker.local import resolve_bootstrap
 from rollstream.cluster import kafka
@@ -43,7 +44,7 @@ from rollstream.config import Settings, load
 from rollstream.contracts.codec import codec
 from rollstream.dev.simulated import Fleet, SimulatedServer
 from rollstream.envs import registry
-from rollstream.envs.base import Environment, Score, StepResult
+from rollstream.envs.base import Score, StepResult
 
 NAME = "scaling"
 PARTITIONS = 16
@@ -58,18 +59,12 @@ GROUP_SIZE = 4
 TARGET_EFFICIENCY = 0.9
 
 
-class Waiting(Environment):
+class Waiting(Turns):
     """TURNS turns, each answered after TOOL_S of waiting; scored after SCORE_S."""
 
     name = "bench_waiting"
     description = "benchmark: turns and scoring that cost waiting, not CPU"
     tool_s = TOOL_S
-
-    def validate_task(self, task: dict) -> None:
-        pass
-
-    async def reset(self, task: dict) -> dict:
-        return {"turn": 0}
 
     async def step(self, task: dict, state: dict, completion_text: str) -> StepResult:
         await asyncio.sleep(self.tool_s)
@@ -108,38 +103,57 @@ def worker(argv: list[str]) -> None:
         StageRuntime(stage, settings).run()
 
 
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a running process (from /proc; 0 once it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 class Workers:
-    def __init__(self, settings: Settings, policy_url: str, logs: Path) -> None:
-        self.settings, self.policy_url, self.logs = settings, policy_url, logs
-        self.procs: list[tuple[str, subprocess.Popen]] = []
+    """Worker processes (`python -m <module> worker <stage> ...`), each logging to a file."""
+
+    def __init__(self, settings: Settings, policy_url: str, logs: Path,
+                 module: str = "benchmarks.scaling") -> None:
+        self.settings, self.policy_url, self.logs, self.module = settings, policy_url, logs, module
+        self.procs: list[tuple[list[str], subprocess.Popen]] = []
+        self._killed_cpu_s = 0.0
         logs.mkdir(parents=True, exist_ok=True)
 
-    def start(self, stage: str, tool_s: float = TOOL_S) -> Path:
-        log = self.logs / f"{stage}-{len(self.procs)}.log"
+    def start(self, stage: str, *args: str) -> Path:
+        return self._spawn([sys.executable, "-m", self.module, "worker", stage,
+                            "--bootstrap-servers", self.settings.bootstrap_servers,
+                            "--prefix", self.settings.prefix, "--policy-url", self.policy_url,
+                            *args])
+
+    def _spawn(self, command: list[str]) -> Path:
+        log = self.logs / f"{command[4]}-{len(self.procs)}.log"
         with open(log, "wb") as out:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "benchmarks.scaling", "worker", stage,
-                 "--bootstrap-servers", self.settings.bootstrap_servers,
-                 "--prefix", self.settings.prefix, "--policy-url", self.policy_url,
-                 "--tool-s", str(tool_s)],
-                stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        self.procs.append((stage, proc))
+            proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
+                                    env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self.procs.append((command, proc))
         return log
 
+    def kill_and_restart(self, index: int) -> Path:
+        """SIGKILL worker `index` and start it again with the same arguments (as a supervisor
+        would); the new process logs to a new file, returned."""
+        command, proc = self.procs[index]
+        self._killed_cpu_s += _cpu_s(proc.pid)
+        proc.kill()
+        proc.wait()
+        return self._spawn(command)
+
     def cpu_s(self) -> float:
-        """User + system CPU seconds of the running workers (read from /proc)."""
-        total = 0
-        for _, proc in self.procs:
-            try:
-                fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            total += int(fields[11]) + int(fields[12])
-        return total / os.sysconf("SC_CLK_TCK")
+        """User + system CPU seconds of the workers, the killed ones' up to their kill."""
+        return self._killed_cpu_s + sum(_cpu_s(proc.pid) for _, proc in self.procs
+                                        if proc.poll() is None)
 
     def stop(self) -> None:
         for _, proc in self.procs:
-            proc.terminate()
+            if proc.poll() is None:
+                proc.terminate()
         for _, proc in self.procs:
             try:
                 proc.wait(60)
@@ -227,13 +241,14 @@ def measure_join(base: Settings, fleet: Fleet, workdir: Path) -> dict[str, Any]:
     workers = Workers(settings, ",".join(fleet.urls), workdir / "join")
     turns, tool_s = 8, 2.0
     try:
-        first = workers.start("run", tool_s)
-        _wait_assigned([first, workers.start("eval", tool_s)])
+        slow = ("--tool-s", str(tool_s))
+        first = workers.start("run", *slow)
+        _wait_assigned([first, workers.start("eval", *slow)])
         work = _tasks(IN_FLIGHT * 2 // GROUP_SIZE, "join", turns)
         publish(settings, work)
         time.sleep(4 * tool_s)  # every episode of the first process a few turns in
         joined = time.monotonic()
-        second = workers.start("run", tool_s)
+        second = workers.start("run", *slow)
         assigned_s = None
         expected = len(work) * GROUP_SIZE
         reader = kafka.reader(settings, [TopicPartition(settings.topics.trajectories, p, 0)
@@ -299,7 +314,4 @@ def run(quick: bool = False) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["worker"]:
-        worker(sys.argv[2:])
-    else:
-        run(quick="--quick" in sys.argv[1:])
+    script(run, worker)

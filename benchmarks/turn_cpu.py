@@ -28,13 +28,14 @@ from typing import Any
 from unittest import mock
 
 from benchmarks import print_table, write_result
+from benchmarks.environments import Turns
 from rollstream.config import Settings
 from rollstream.consume.records import Output
 from rollstream.contracts.codec import codec
 from rollstream.contracts.wire import lora_name
 from rollstream.dev.simulated import SimulatedServer
 from rollstream.envs import registry
-from rollstream.envs.base import Environment, Score, StepResult
+from rollstream.envs.base import StepResult
 from rollstream.runtime import EventContext
 from stages.run import RunStage
 
@@ -48,24 +49,15 @@ TARGET_AT_4K_MS = 0.5  # CPU per turn with 4,000 episodes in flight, steady
 TARGET_GROWTH = 1.2  # at 10,000 episodes over at 4,000
 
 
-class Instant(Environment):
+class Instant(Turns):
     """`TURNS` turns, each answered at once: the environment costs (almost) nothing."""
 
     name = "bench_instant"
     description = "benchmark: TURNS turns, each answered at once"
 
-    def validate_task(self, task: dict) -> None:
-        pass
-
-    async def reset(self, task: dict) -> dict:
-        return {"turn": 0}
-
     async def step(self, task: dict, state: dict, completion_text: str) -> StepResult:
         turn = state["turn"] + 1
         return StepResult("ok", turn >= TURNS, None, {"turn": turn})
-
-    async def evaluate(self, task: dict, trajectory: dict) -> Score:
-        return Score(1.0, "ok", {})
 
 
 def job(index: int) -> str:

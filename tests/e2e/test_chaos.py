@@ -11,6 +11,7 @@ no process exits or hangs.
   member, EVAL static, INIT dynamic): the full benchmark runs them all.
 - Two jobs on one shared fleet, a few dozen episodes each, through a partition-leader kill and
   a SIGKILL of each process kind: the fleet's INIT, RUN and EVAL and the policy server.
+- Long episodes over two RUN processes, one SIGKILLed mid-run (the at_scale benchmark's).
 
 Times back to full throughput are the benchmarks' business (`make bench`), not asserted here.
 """
@@ -25,11 +26,12 @@ import pytest
 from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource
 
-from benchmarks import chaos, chaos_jobs
+from benchmarks import at_scale, chaos, chaos_jobs
 from rollstream.broker import cluster
 from rollstream.cluster.kafka import read_partitions
 from rollstream.cluster.topics import create_topics
 from rollstream.config import load
+from rollstream.dev.simulated import Fleet
 
 pytestmark = pytest.mark.slow
 
@@ -121,3 +123,20 @@ def test_two_jobs_through_every_kind_of_kill_lose_and_duplicate_nothing(
         assert all(f["at"] < figures["total_s"] for f in figures["fault_log"]), (
             job, figures["total_s"], figures["fault_log"])
     assert run["processes_exited_unkilled"] == [] and run["processes_hung_at_stop"] == []
+
+
+@pytest.mark.timeout(900)  # the cluster's start, when this test runs alone
+def test_a_run_process_killed_among_long_episodes_resumes_each_from_its_turns(
+        three_nodes: str, tmp_path: Path) -> None:
+    """The at_scale benchmark, small: RUN process 0 is SIGKILLed once 40% of the turns are
+    checkpointed and restarted; every episode it held resumes at the turn it reached."""
+    size = at_scale.Size(episodes=96, turns=6, processes=2, prompt_tokens=200)
+    with Fleet(at_scale.servers(1)) as fleet:
+        result = at_scale.measure(size, tmp_path, three_nodes, fleet.urls,
+                                  lambda: at_scale.decoded(fleet), timeout_s=600)
+    assert (result["trajectories"], result["lost"], result["duplicated"]) == (96, 0, 0), result
+    kill = result["kill"]
+    assert kill["episodes_held"] > 0 and kill["not_resumed"] == 0, kill
+    assert kill["median_resumed_at_turn"] >= 1, kill  # from its turns, not from the start
+    resumed = result["resumed_trajectories"]
+    assert resumed["checked"] >= kill["episodes_held"] and resumed["not_whole"] == 0, resumed
