@@ -33,10 +33,9 @@ WORKLOADS = [
 
 
 def test_constants_are_the_measured_ones() -> None:
-    scaling = json.loads((RESULTS / "scaling.json").read_text())
-    eight = next(r for r in scaling["results"] if r["processes"] == 8)
-    assert eight["cpu_s_per_episode"] == planner.SCALING_CPU_S_PER_EPISODE
-    assert scaling["parameters"]["turns"] == planner.SCALING_TURNS
+    at_scale = json.loads((RESULTS / "at_scale.json").read_text())
+    assert not at_scale["quick"] and at_scale["setup"]["episodes"] == 10_000
+    assert at_scale["results"]["run_cpu_ms_per_turn"] == planner.AT_SCALE_RUN_CPU_MS_PER_TURN
     stage = json.loads((RESULTS / "metrics.json").read_text())["results"]["stage"]
     assert stage["cpu_us_per_event"]["on"] * 1e-6 == pytest.approx(
         planner.STAGE_CPU_S_PER_EVENT)
