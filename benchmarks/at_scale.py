@@ -263,8 +263,13 @@ class Follower:
 
 
 def _assigned(log: Path) -> list[int]:
-    found = re.findall(r"assigned \[([\d, ]*)\]", log.read_text())
-    return [int(p) for p in found[-1].split(",") if p.strip()] if found else []
+    """The partitions a RUN process holds, from its log: assignments are incremental
+    (cooperative-sticky), so every assigned, revoked and lost line counts."""
+    held: set[int] = set()
+    for change, parts in re.findall(r": (assigned|revoked|lost) \[([\d, ]*)\]", log.read_text()):
+        numbers = {int(p) for p in parts.split(",") if p.strip()}
+        held = held | numbers if change == "assigned" else held - numbers
+    return sorted(held)
 
 
 def _episodes_on(settings: Settings, partitions: list[int]) -> set[str]:
@@ -309,7 +314,8 @@ def resumes(kill: Kill, first: dict[str, float]) -> dict[str, Any]:
     return {"episodes_held": len(held), "resumed": len(resumed),
             "not_resumed": len(held) - len(resumed),
             "first_resumed_s": round(resumed[0][0], 1) if resumed else None,
-            "all_resumed_s": round(resumed[-1][0], 1) if len(resumed) == len(held) else None,
+            "all_resumed_s": (round(resumed[-1][0], 1) if resumed and len(resumed) == len(held)
+                              else None),
             "median_resumed_at_turn": turns[len(turns) // 2] if turns else None}
 
 
