@@ -57,7 +57,7 @@ from unittest import mock
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
 from benchmarks import print_table, script, write_result
-from benchmarks.chaos import three_node_cluster
+from benchmarks.chaos import steady_rate, three_node_cluster
 from benchmarks.environments import Turns
 from benchmarks.scaling import GROUP_SIZE, Workers, _wait_assigned, publish
 from producers.publish import validate_task
@@ -337,12 +337,6 @@ def every_turn_once(settings: Settings, ids: set[str], turns: int) -> dict[str, 
     return {"checked": checked, "not_whole": bad, "context_tokens_at_end": context}
 
 
-def steady_rate(times: list[float]) -> float | None:
-    """Events per second between 10% and 90% of them."""
-    lo, hi = len(times) // 10, len(times) * 9 // 10
-    return (hi - lo) / (times[hi] - times[lo]) if hi > lo and times[hi] > times[lo] else None
-
-
 def measure(size: Size, workdir: Path, bootstrap: str, urls: list[str],
             sequence_s: Callable[[], float], timeout_s: float) -> dict[str, Any]:
     """The run on the cluster at `bootstrap` with the servers at `urls`; `sequence_s()` is the
@@ -386,7 +380,7 @@ def measure(size: Size, workdir: Path, bootstrap: str, urls: list[str],
     checkpoint = topic_bytes(settings.topics.episode_state)
     trajectory = topic_bytes(settings.topics.trajectories)
     resumed = (every_turn_once(settings, kill.held, size.turns) if kill else {"checked": 0})
-    rate = steady_rate(sorted(follower.times))
+    rate = steady_rate(follower.times)
     return {
         "episodes": size.episodes, "trajectories": len(follower.ids),
         "duplicated": sum(1 for n in follower.ids.values() if n > 1),
