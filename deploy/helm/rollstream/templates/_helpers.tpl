@@ -187,6 +187,16 @@ properties, probes on the metrics port. Call with dict "root" $ "name" NAME "arg
     {{- with .mounts }}
     {{- toYaml . | nindent 4 }}
     {{- end }}
+    {{- with .root.Values.extraVolumeMounts }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+{{- end -}}
+
+{{/* extraVolumes: the volumes every Rollstream pod adds (values.yaml). */}}
+{{- define "rollstream.extraVolumes" -}}
+{{- with .Values.extraVolumes }}
+{{- toYaml . }}
+{{- end }}
 {{- end -}}
 
 {{/* The checkpoints volume mount: read-write for the trainer, read-only for the rest. */}}
