@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .PHONY: venv test-venv bytecode broker-jars deps harness-deps swebench-deps vllm-deps trainer-deps \
-	helm-deps slurm-deps java-example test demo \
+	helm-deps k8s-deps slurm-deps java-example test demo \
 	bench lint broker-start broker-stop broker-status images image
 
 # Two stamps: the demo needs only the package and its own dependencies; tests, lint and
@@ -66,7 +66,8 @@ deps: test-venv broker-jars
 	@$(call apt_tool,prometheus,prometheus,the real-Prometheus test skips)
 	./scripts/docker-engine.sh
 	@$(call apt_tool,docker-compose,docker-compose,the compose test skips)
-	$(MAKE) harness-deps swebench-deps vllm-deps trainer-deps helm-deps slurm-deps java-example
+	$(MAKE) harness-deps swebench-deps vllm-deps trainer-deps helm-deps k8s-deps slurm-deps \
+		java-example
 
 # mini-swe-agent, the harness the gateway is proven with, in a virtualenv of its own: a harness
 # is a separate program with its own dependencies. Versions pinned, litellm included.
@@ -138,6 +139,17 @@ $(HELM_STAMP): $(STAMP) scripts/helm-deps.sh deploy/helm/validate/main.go \
 	PYTHON=$(BIN)/python ./scripts/helm-deps.sh $(HELM_DIR)
 	touch $@
 
+# A real single-node Kubernetes for tests/deploy/test_k8s.py, pinned in scripts/k8s-deps.sh:
+# Debian's etcd, containerd, runc and CNI plugins; the control plane, kubelet, kube-proxy and
+# kubectl, KEDA's operator and metrics adapter and CoreDNS, built from their Go modules into
+# .rollstream/k8s/bin (about 30 minutes cold on 2 cores; rebuilt when the script changes).
+K8S_DIR ?= .rollstream/k8s
+K8S_STAMP := $(K8S_DIR)/.installed
+k8s-deps: $(K8S_STAMP)
+$(K8S_STAMP): scripts/k8s-deps.sh
+	./scripts/k8s-deps.sh $(K8S_DIR)
+	touch $@
+
 # Slurm's controller and compute daemons and munge, from Debian, for the Slurm recipe's test
 # (tests/deploy/test_slurm.py starts them on this host with a configuration of its own).
 slurm-deps:
@@ -182,11 +194,14 @@ TRAINER_TEST_WORKERS ?= 2
 DIST := --dist loadfile --no-loadscope-reorder
 
 # The trainer adapters' tests run in a session of their own: they put the pinned trainers'
-# newer huggingface_hub and click first on the path, which must not leak into other tests.
+# newer huggingface_hub and click first on the path, which must not leak into other tests. So does
+# the chart's install on a single-node Kubernetes (tests/deploy/test_k8s.py): it takes the host's
+# network and every core while it starts, and needs nothing else running beside it.
 test: test-venv deps images bytecode
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) $(DIST) -m "not trainers"
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) $(DIST) -m "not trainers and not k8s"
 	PYTHONPATH=$(TRAINERS_DIR) $(BIN)/python -m pytest -q -n $(TRAINER_TEST_WORKERS) \
 		$(DIST) -m trainers
+	$(BIN)/python -m pytest -q -m k8s
 
 # The demo installs only what it uses, the package and the broker's jars: no sandboxes, no
 # Docker engine, no harnesses.

@@ -27,6 +27,7 @@ from rollstream.cluster.topics import create_topics, delete_topics
 from rollstream.config import Settings, Topics, load
 from tests.docs.blocks import summary_line
 from tests.helpers import vllm_server
+from tests.helpers.k8s_cluster import SET_UP
 from tests.helpers.secure_helpers import secured_broker
 
 if TYPE_CHECKING:
@@ -65,6 +66,11 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     line = summary_line(terminalreporter.stats)
     if line is not None:
         terminalreporter.write_line(line)
+    stats = terminalreporter.stats
+    for report in stats.get("passed", []) + stats.get("failed", []):
+        for name, value in getattr(report, "user_properties", []):
+            if name == SET_UP:  # tests/deploy/test_k8s.py: the cluster's, measured
+                terminalreporter.write_line(f"{name}: {value}")
 
 
 def _kafka_container() -> tuple[DockerContainer, str]:
