@@ -142,7 +142,8 @@ $(HELM_STAMP): $(STAMP) scripts/helm-deps.sh deploy/helm/validate/main.go \
 # A real single-node Kubernetes for tests/deploy/test_k8s.py, pinned in scripts/k8s-deps.sh:
 # Debian's etcd, containerd, runc and CNI plugins; the control plane, kubelet, kube-proxy and
 # kubectl, KEDA's operator and metrics adapter and CoreDNS, built from their Go modules into
-# .rollstream/k8s/bin (about 30 minutes cold on 2 cores; rebuilt when the script changes).
+# .rollstream/k8s/bin (12 minutes with Go's caches empty on 2 cores; rebuilt when the script
+# changes).
 K8S_DIR ?= .rollstream/k8s
 K8S_STAMP := $(K8S_DIR)/.installed
 k8s-deps: $(K8S_STAMP)
