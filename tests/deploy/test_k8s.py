@@ -167,6 +167,19 @@ def test_keda_scales_run_on_its_lag_and_a_killed_run_pod_changes_no_count(
     print(f"RUN scaled 1 -> {scaled_to} -> 1; {len(found)} episodes scored once")
 
 
+def test_a_caught_up_stage_scales_to_zero_and_wakes_on_its_next_event(
+        cluster: k8s_cluster.Cluster, release: config.Settings) -> None:
+    """EVAL (minReplicas 0) reads RUN's transactional output: the commit markers left on it
+    count as no lag, so it goes to zero; the next trajectory wakes it."""
+    before = len(scored(release))
+    cluster.wait_for(lambda: _replicas(cluster, "eval") == 0, 240, "EVAL scaled to zero")
+    tasks = _tasks(2000, 2, turns=2)
+    publish(release, tasks)
+    # Scored means EVAL woke: with no replica nothing scores them.
+    found = _wait_scored(cluster, release, before + 16, timeout=300)
+    assert {len(records) for records in found.values()} == {1}, "an episode scored twice"
+
+
 def _print_scaling(cluster: k8s_cluster.Cluster) -> None:
     """What KEDA and the HPA saw, for a scaling that did not happen."""
     for args in (("get", "scaledobject", f"{RELEASE}-run", "-o", "jsonpath={.status}"),
