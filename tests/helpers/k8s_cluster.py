@@ -13,9 +13,11 @@ import shlex
 import shutil
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from rollstream.dev.processes import ProcessGroup
+from tests.helpers.api_helpers import wait_until
 from tests.helpers.helm_helpers import ROOT
 
 K8S_DIR = ROOT / ".rollstream" / "k8s"
@@ -323,15 +325,9 @@ state = "{self.work / 'containerd-state'}"
                             'jsonpath={.status.conditions[?(@.type=="Ready")].status}',
                             check=False) == "True"
 
-    def wait_for(self, condition, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            self.procs.check_alive()
-            if condition():
-                return
-            time.sleep(1)
-        raise TimeoutError(
-            f"{what} not reached after {timeout:.0f} s; logs in {self.procs.log_dir}")
+    def wait_for(self, condition: Callable[[], bool], timeout: float, what: str) -> None:
+        """Until `condition()`, failing at once if one of the cluster's processes exits."""
+        wait_until(condition, what, self.procs, timeout)
 
     # --- take-down ------------------------------------------------------------------------
     def stop(self) -> None:
