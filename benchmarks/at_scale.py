@@ -65,6 +65,7 @@ from rollstream.broker import cluster
 from rollstream.cluster import kafka
 from rollstream.cluster.topics import create_topics
 from rollstream.config import Settings, load
+from rollstream.consume import heap
 from rollstream.contracts.codec import codec, unpack_ids
 from rollstream.dev.simulated import Fleet, SimulatedServer
 from rollstream.envs import registry
@@ -154,7 +155,9 @@ def worker(argv: list[str]) -> None:
                     # Every server's batch full with room to spare, over the RUN processes.
                     server_max_in_flight=max(SERVER_SEQS, 2 * args.max_in_flight // servers))
     with mock.patch.dict(registry._environments(), {LongTail.name: LongTail}):
-        StageRuntime(RunStage(settings), settings).run()
+        stage = RunStage(settings)
+        heap.settle()  # as `rollstream stage run` does
+        StageRuntime(stage, settings).run()
 
 
 def servers(n: int) -> list[SimulatedServer]:

@@ -41,6 +41,7 @@ from rollstream.broker.local import resolve_bootstrap
 from rollstream.cluster import kafka
 from rollstream.cluster.topics import create_topics, delete_topics
 from rollstream.config import Settings, load
+from rollstream.consume import heap
 from rollstream.contracts.codec import codec
 from rollstream.dev.simulated import Fleet, SimulatedServer
 from rollstream.envs import registry
@@ -100,6 +101,7 @@ def worker(argv: list[str]) -> None:
         else:
             from stages.eval import EvalStage
             stage = EvalStage(settings)
+        heap.settle()  # as `rollstream stage` does
         StageRuntime(stage, settings).run()
 
 

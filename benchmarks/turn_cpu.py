@@ -10,7 +10,8 @@ environment's step, the Turn record, and each checkpoint and trajectory encoded 
 codec (what the runtime hands Kafka; the broker round trip itself is the passthrough
 benchmark's). Jobs are run the way a shared fleet runs them: one RunStage, with its own router
 and adapter, per job, all in one process and one event loop; the episodes are split evenly.
-Every turn is checked to name its own job's adapter.
+Every turn is checked to name its own job's adapter. The garbage collector is set as a RUN
+process sets it before it serves (rollstream.consume.heap).
 
 Each layout plays two rounds of `EPISODES` on the same stages: `cold`, the first, opens every
 connection to the server (each router has its own pool), and `steady`, the second, reuses them,
@@ -30,6 +31,7 @@ from unittest import mock
 from benchmarks import print_table, write_result
 from benchmarks.environments import Turns
 from rollstream.config import Settings
+from rollstream.consume import heap
 from rollstream.consume.records import Output
 from rollstream.contracts.codec import codec
 from rollstream.contracts.wire import lora_name
@@ -136,6 +138,9 @@ def run(quick: bool = False) -> dict[str, Any]:
         url = parent.recv()
         with mock.patch.dict(registry._environments(), {Instant.name: Instant}):
             asyncio.run(measure(url, 1, min(n, 100)))  # warm-up: imports, caches
+            # The baseline: the largest-but-one layout with CPython's own collector settings.
+            unsettled = asyncio.run(measure(url, 1, MANY[0] * n))
+            heap.settle()  # as a RUN process does before it serves
             layouts = [(1, n), *((1, k * n) for k in MANY), (JOBS_MANY, n)]
             rows = [asyncio.run(measure(url, jobs, episodes)) for jobs, episodes in layouts]
     finally:
@@ -155,6 +160,9 @@ def run(quick: bool = False) -> dict[str, Any]:
     for pair, ratio in growth.items():
         print(f"   one job, steady: CPU per turn at {pair} episodes: {ratio}x")
     at_4k, largest = steady[MANY[0] * n], sizes[-1]
+    baseline = unsettled["steady"]["cpu_ms_per_turn"]
+    print(f"   one job, steady, {sizes[1]} episodes: CPython's default collector {baseline} ms "
+          f"per turn, settled {at_4k}: x{round(baseline / at_4k, 3)}")
     doc = {
         "quick": quick,
         "setup": {"episodes_in_flight": sizes, "turns_per_episode": TURNS,
@@ -162,6 +170,12 @@ def run(quick: bool = False) -> dict[str, Any]:
                   "jobs": "one RunStage (router + adapter) per job in one process"},
         "results": rows,
         "steady_cpu_per_turn_growth": growth,
+        "default_collector": {
+            "description": f"steady, one job, {sizes[1]} episodes, measured first, with "
+                           "CPython's default garbage collector settings (the rows: as "
+                           "rollstream.consume.heap sets them)",
+            "steady": unsettled["steady"],
+            "over_settled": round(baseline / at_4k, 3)},
         "target": {"description": f"RUN's CPU per turn <= {TARGET_MS} ms with 1 and "
                                   f"{JOBS_MANY} jobs, cold and steady",
                    "met": worst <= TARGET_MS,

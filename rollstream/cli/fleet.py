@@ -9,6 +9,7 @@ from collections.abc import Callable
 from rollstream import config
 from rollstream.cli import common
 from rollstream.cli.stage import STAGES
+from rollstream.consume import heap
 
 
 def register_cli(sub: argparse._SubParsersAction) -> None:
@@ -86,4 +87,5 @@ def run_fleet(args: argparse.Namespace) -> int:
             await router.close()
 
     fleet.stopping.on_signals()
+    heap.settle()
     return common.run_async(serve())

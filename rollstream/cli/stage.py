@@ -35,6 +35,7 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
 
 def run_stage(args: argparse.Namespace) -> int:
     # Here, not at start-up: RUN pulls in aiohttp and the chat templates.
+    from rollstream.consume import heap
     from rollstream.runtime import Stage, StageRuntime
     from stages.eval import EvalStage
     from stages.init import InitStage
@@ -45,6 +46,7 @@ def run_stage(args: argparse.Namespace) -> int:
         warn_without_tokenizer(settings)
     classes: dict[str, type[Stage]] = {"init": InitStage, "run": RunStage, "eval": EvalStage}
     stage = classes[args.name](settings)
+    heap.settle()
     StageRuntime(stage, settings, drain_timeout_s=args.drain_timeout).run()
     return 0
 
