@@ -397,7 +397,12 @@ class StageRuntime:
 
     async def _wait(self, took: bool) -> None:
         if self._tasks:
-            if not self._finished:  # until one finishes, or 10 ms for the loop's other work
+            if self._finished:
+                # Some finished while a commit was out: reaped now, but the events this pass
+                # started must first take their share of the capacity (RUN pins a server in
+                # an event's first step), or the next pass's ask counts their room again.
+                await asyncio.sleep(0)
+            else:  # until one finishes, or 10 ms for the loop's other work
                 self._any_finished.clear()
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(0.01):

@@ -231,3 +231,41 @@ def test_events_fetched_wait_for_capacity_and_start_the_moment_it_comes_back(
     # Event i+1 starts on the ask that said 1 after event i: from the third on every one was
     # waiting by then.
     assert stage.started[2:] == stage.opened[1:9], (stage.started, stage.opened)
+
+
+class TakesASlot(SlowEcho):
+    """Capacity for two events; an event takes its slot in its first step, before it awaits,
+    as RUN pins a server, and holds it about as long as a commit is out."""
+
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(settings)
+        self.busy = 0
+        self.most = 0
+
+    def capacity(self) -> int | None:
+        return max(0, 2 - self.busy)
+
+    async def handle(self, event: dict, ctx: EventContext) -> list[Output]:
+        self.busy += 1
+        self.most = max(self.most, self.busy)
+        try:
+            await asyncio.sleep(0.002 * (event["version"] % 5))
+        finally:
+            self.busy -= 1
+        return [Output(self.topics.trajectories, str(event["version"]), "PolicyVersion", event)]
+
+
+def test_events_started_in_one_pass_count_against_capacity_in_the_next(
+        settings: Settings) -> None:
+    """Events that finish while a commit is out are reaped in the pass that starts the next
+    ones: that pass still lets the new ones take their slots before the next capacity ask
+    (the runtime asked again at once, and RUN's servers took 4 episodes at a cap of 2)."""
+    settings = settings.override(commit_interval_ms=20)
+    producer = kafka.producer(settings)
+    for v in range(1, 301):
+        kafka.produce(producer, settings.topics.policy, policy_event(v), key=str(v))
+    producer.flush()
+    stage = TakesASlot(settings)
+    runtime = StageRuntime(stage, settings)
+    run_until(runtime, lambda: runtime.stats["processed"] >= 300, timeout=120)
+    assert stage.most == 2
