@@ -11,19 +11,12 @@ import time
 from rollstream.cluster import kafka
 from rollstream.config import Settings
 from rollstream.runtime import EventContext, Output, StageRuntime
-from tests.helpers.runtime_helpers import SlowEcho, policy_event
+from tests.helpers.runtime_helpers import SlowEcho, send_versions
 
 
 class Echo(SlowEcho):
     async def handle(self, event: dict, ctx: EventContext) -> list[Output]:
         return [Output(self.topics.trajectories, str(event["version"]), "PolicyVersion", event)]
-
-
-def send(settings: Settings, versions: range) -> None:
-    producer = kafka.producer(settings)
-    for v in versions:
-        kafka.produce(producer, settings.topics.policy, policy_event(v), key=str(v))
-    producer.flush()
 
 
 def wait(predicate, timeout: float, what: str) -> None:
@@ -39,7 +32,7 @@ def test_a_fenced_static_member_rebuilds_its_consumer_and_goes_on(settings: Sett
     thread = threading.Thread(target=lambda: asyncio.run(runtime.serve()))
     thread.start()
     try:
-        send(settings, range(1, 11))
+        send_versions(settings, range(1, 11))
         wait(lambda: runtime.stats["processed"] >= 10, 60, f"first events: {runtime.stats}")
         # Another consumer joins with the same static id: the broker fences the runtime's.
         intruder = kafka.consumer(settings, runtime.group)
@@ -51,7 +44,7 @@ def test_a_fenced_static_member_rebuilds_its_consumer_and_goes_on(settings: Sett
                  f"the fenced consumer rebuilt: {runtime.stats}")
         finally:
             intruder.close()
-        send(settings, range(11, 21))
+        send_versions(settings, range(11, 21))
         wait(lambda: runtime.stats["processed"] >= 20, 90, f"events after: {runtime.stats}")
     finally:
         runtime.stop()

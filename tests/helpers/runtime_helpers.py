@@ -36,6 +36,14 @@ class SlowEcho(Stage):
         return [Output(self.topics.trajectories, str(event["version"]), "PolicyVersion", event)]
 
 
+def send_versions(settings: Settings, versions: range) -> None:
+    """Policy-version events `versions` on <p>.policy, each keyed by its version."""
+    producer = kafka.producer(settings)
+    for v in versions:
+        kafka.produce(producer, settings.topics.policy, policy_event(v), key=str(v))
+    producer.flush()
+
+
 def run_until(runtime: StageRuntime, done, timeout: float = 30.0) -> None:
     thread = threading.Thread(target=lambda: asyncio.run(runtime.serve()))
     thread.start()

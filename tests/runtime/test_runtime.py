@@ -14,15 +14,18 @@ from rollstream.cluster.offsets import decode_done
 from rollstream.config import Settings
 from rollstream.contracts.codec import codec
 from rollstream.runtime import EventContext, Output, StageRuntime
-from tests.helpers.runtime_helpers import SlowEcho, policy_event, read_all, run_until
+from tests.helpers.runtime_helpers import (
+    SlowEcho,
+    policy_event,
+    read_all,
+    run_until,
+    send_versions,
+)
 
 
 def test_out_of_order_work_is_committed_exactly_once(settings: Settings) -> None:
     # One partition so the hanging event 0 holds the watermark while later events finish.
-    producer = kafka.producer(settings)
-    for v in range(40):
-        kafka.produce(producer, settings.topics.policy, policy_event(v), key=str(v))
-    producer.flush()
+    send_versions(settings, range(40))
 
     first = StageRuntime(SlowEcho(settings), settings, drain_timeout_s=0.5)
     run_until(first, lambda: first.stats["processed"] >= 39)
@@ -64,10 +67,7 @@ def test_a_drain_whose_last_commit_is_fenced_commits_none_of_its_offsets(
     newer instance of the transactional id; a drain longer than the transaction timeout is
     fenced alike): leaving the group must not commit their offsets, whose outputs the fenced
     transaction took with it. The next owner redoes them, and every output exists once."""
-    producer = kafka.producer(settings)
-    for v in range(20):
-        kafka.produce(producer, settings.topics.policy, policy_event(v), key=str(v))
-    producer.flush()
+    send_versions(settings, range(20))
     stage = GatedEcho(settings)
     first = StageRuntime(stage, settings, drain_timeout_s=3)
     drain = first._drain
@@ -133,10 +133,7 @@ def test_bad_events_go_to_the_dead_letter_topic_and_the_stage_keeps_going(
 
 def test_backpressure_bounds_in_flight_work(settings: Settings) -> None:
     settings = settings.override(max_in_flight=5)
-    producer = kafka.producer(settings)
-    for v in range(1, 200):
-        kafka.produce(producer, settings.topics.policy, policy_event(v), key=str(v))
-    producer.flush()
+    send_versions(settings, range(1, 200))
     runtime = StageRuntime(SlowEcho(settings), settings)
     peak = 0
 
@@ -164,10 +161,7 @@ class Steady(SlowEcho):
 def test_the_fetch_buffer_holds_events_ready_beside_those_in_flight(
         settings: Settings, fetch_buffer: int) -> None:
     settings = settings.override(max_in_flight=5, fetch_buffer=fetch_buffer)
-    producer = kafka.producer(settings)
-    for v in range(1, 120):
-        kafka.produce(producer, settings.topics.policy, policy_event(v), key=str(v))
-    producer.flush()
+    send_versions(settings, range(1, 120))
     runtime = StageRuntime(Steady(settings), settings)
     peaks = {"in_flight": 0, "held": 0}
     original = runtime._reap
@@ -220,10 +214,7 @@ def test_events_fetched_wait_for_capacity_and_start_the_moment_it_comes_back(
     """A stage without capacity keeps the events already fetched instead of pausing (the client
     drops a paused partition's fetched events and, resumed, fetches again only after up to its
     fetch wait): each event starts on the very capacity ask that says 1 again."""
-    producer = kafka.producer(settings)
-    for v in range(1, 11):
-        kafka.produce(producer, settings.topics.policy, policy_event(v), key=str(v))
-    producer.flush()
+    send_versions(settings, range(1, 11))
     stage = OneAtATime(settings)
     runtime = StageRuntime(stage, settings)
     run_until(runtime, lambda: runtime.stats["processed"] >= 10)
@@ -261,10 +252,7 @@ def test_events_started_in_one_pass_count_against_capacity_in_the_next(
     ones: that pass still lets the new ones take their slots before the next capacity ask
     (the runtime asked again at once, and RUN's servers took 4 episodes at a cap of 2)."""
     settings = settings.override(commit_interval_ms=20)
-    producer = kafka.producer(settings)
-    for v in range(1, 301):
-        kafka.produce(producer, settings.topics.policy, policy_event(v), key=str(v))
-    producer.flush()
+    send_versions(settings, range(1, 301))
     stage = TakesASlot(settings)
     runtime = StageRuntime(stage, settings)
     run_until(runtime, lambda: runtime.stats["processed"] >= 300, timeout=120)
