@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+import orjson
 
 from rollstream.contracts.inference import SAMPLING_DEFAULTS
 from rollstream.contracts.wire import POLICY_VERSION_HEADER
@@ -305,8 +306,12 @@ class InferenceClient:
                 connector=aiohttp.TCPConnector(limit=self.max_connections),
             )
         url = self.base_url + path
+        # orjson: a turn's body and response carry the whole context's ids (32k tokens: 3.4 ms
+        # and 3.0 ms with the json module, 0.4 and 1.0 with orjson, on this project's machines).
+        data, headers = (None, None) if body is None else (orjson.dumps(body), _JSON)
         try:
-            async with self._session.request(method, url, json=body) as response:
+            async with self._session.request(method, url, data=data,
+                                             headers=headers) as response:
                 return response.status, await response.read(), response.headers
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise ServerError(
@@ -333,9 +338,21 @@ class InferenceClient:
                 kind = BadRequest
             raise kind(f"HTTP {status}: {message}", server=self.base_url, status=status)
         try:
-            return json.loads(raw), headers
+            return _loads(raw), headers
         except ValueError as exc:
             raise ServerError(f"{method} {url}: invalid JSON", server=self.base_url) from exc
+
+
+_JSON = {"Content-Type": "application/json"}
+
+
+def _loads(raw: bytes) -> Any:
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        # What orjson refuses and the json module reads: NaN and ±Infinity, which some servers
+        # write for a logprob.
+        return json.loads(raw)
 
 
 def _error_message(raw: bytes) -> str:

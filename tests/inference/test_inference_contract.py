@@ -172,6 +172,30 @@ def test_response_without_token_ids_is_a_contract_error() -> None:
     assert type(err) is InferenceError and not err.retryable
 
 
+def test_non_finite_logprobs_are_read_and_garbage_is_a_server_error() -> None:
+    """A server writing a logprob as -Infinity (Python's json.dumps does) is read as the json
+    module reads it; a body that is not JSON at all is a retryable server error."""
+    response = json.loads(json.dumps(VLLM_RESPONSE))
+    response["choices"][0]["logprobs"]["token_logprobs"][0] = float("-inf")
+
+    async def completions(request: web.Request) -> web.Response:
+        return web.Response(body=json.dumps(response), content_type="application/json")
+
+    async def call(url: str) -> Completion:
+        async with InferenceClient(url) as client:
+            return await client.complete(QWEN_PROMPT, SAMPLING, QWEN_STOP)
+
+    completion = asyncio.run(fake_vllm(completions, call))
+    assert completion.logprobs[0] == float("-inf")
+    assert completion.logprobs[1:] == response["choices"][0]["logprobs"]["token_logprobs"][1:]
+
+    async def garbage(request: web.Request) -> web.Response:
+        return web.Response(body=b'{"choices": [', content_type="application/json")
+
+    err = call_with(garbage)
+    assert isinstance(err, ServerError) and err.retryable and "invalid JSON" in str(err)
+
+
 # --- against the embedded policy server ------------------------------------------------------
 
 
