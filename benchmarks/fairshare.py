@@ -3,7 +3,7 @@ the log, in one run on the real broker.
 
 A RUN fleet (rollstream.service.fleet, in this process, as `rollstream fleet run` builds it) serves
 the jobs of a fresh cluster prefix against simulated servers (rollstream.dev.simulated) that answer
-every turn after a fixed delay (`TOKENS` decode steps of `STEP_S`, whatever the concurrency), up
+every turn after a fixed delay (`TURN_S`, in `STEPS` decode steps, whatever the concurrency), up
 to `SLOTS` episodes per server. Episodes (one `arithmetic` turn each) go straight to each job's
 episodes topic, stamped with their publish time (INIT is not what this measures). Everything is
 read back from the jobs' trajectories topics (committed records): each episode's publish time,
@@ -26,7 +26,9 @@ start and end.
    the same servers split, one per job (each job its own server, `policy_urls`). Each job's
    episodes/s is its batches' episodes over the time from its first publish to its last
    batch's end, so the figure is a time, not a count of whole batches in a window; the two
-   jobs' rates add up. Utilisation and episodes/s of both layouts, and their ratio.
+   jobs' rates add up. Utilisation and episodes/s of both layouts, and their ratio. Its turns
+   are `BURSTY_STEPS` decode steps (see there). Each scenario's clock starts once the fleet
+   holds every job's partitions, their state restored (`until_served`).
 """
 
 from __future__ import annotations
@@ -61,8 +63,14 @@ NAME = "fairshare"
 PARTITIONS = 2
 SLOTS = 8  # sequences a server decodes at once, and RUN's episodes per server at once
 OVERSUBSCRIBED = 10  # RUN's episodes per server where slots are oversubscribed (10 per 8)
-STEP_S = 0.1
-TOKENS = 4  # a turn: 3 digits and the stop token, 0.4 s at any concurrency
+TURN_S = 0.4  # a turn's decode time, at any concurrency
+STEPS = 4  # its decode steps (3 digits and the stop token): a step of 0.1 s
+# The bursty scenario's: 20 steps of 20 ms, as a real server's decode step. A request joins the
+# decode batch at a step boundary; an episode started a moment after its server began a step
+# waits out that step. At 0.1 s steps that wait was a quarter of a turn, and it fell on one
+# layout's waves more than the other's by how finishes and restarts interleaved (shared: 14 of
+# a wave's 16 restarts a step late; dedicated: at worst 2 of a batch's 5 waves), not by sharing.
+BURSTY_STEPS = 20
 SAMPLE_S = 0.1
 # 1-2: weights 1:2:1, all backlogged for WEIGHTED_S, then the third job's input runs dry.
 WEIGHTS = {"w1a": 1.0, "w2": 2.0, "w1b": 1.0}
@@ -95,11 +103,15 @@ TARGET_SHARING = 1.3  # shared / dedicated episodes/s of the bursty jobs
 
 
 def capacity_per_s(servers: int = 1) -> float:
-    return servers * SLOTS / (STEP_S * TOKENS)
+    return servers * SLOTS / TURN_S
 
 
-def script(prompt_ids: list[int], body: dict[str, Any]) -> tuple[list[int], str]:
-    return [ord("1")] * (TOKENS - 1) + list(body["stop_token_ids"][:1]), "1" * (TOKENS - 1)
+def script(steps: int) -> Callable[[list[int], dict[str, Any]], tuple[list[int], str]]:
+    """A turn of `steps` tokens: digits, then the stop token."""
+    def answer(prompt_ids: list[int], body: dict[str, Any]) -> tuple[list[int], str]:
+        return [ord("1")] * (steps - 1) + list(body["stop_token_ids"][:1]), "1" * (steps - 1)
+
+    return answer
 
 
 @dataclass
@@ -118,6 +130,7 @@ class Cluster:
     base: Settings
     servers: int
     slots: int = SLOTS
+    steps: int = STEPS  # decode steps a turn, each TURN_S / steps
     stage: dict[str, int] = field(default_factory=dict)  # stage settings of the fleet's RUN
     settings: Settings = field(init=False)
     made: dict[str, Job] = field(default_factory=dict)
@@ -191,7 +204,8 @@ class Cluster:
 
     async def serve(self, scenario: Callable[[Fleet], Any]) -> None:
         """Run the fleet on fresh servers while `scenario(fleet)` runs."""
-        servers = [SimulatedServer(script=script, step_s=lambda running: STEP_S,
+        step_s = TURN_S / self.steps
+        servers = [SimulatedServer(script=script(self.steps), step_s=lambda running: step_s,
                                    max_num_seqs=SLOTS) for _ in range(self.servers)]
         urls = [await s.start() for s in servers]
         run_settings = self.settings.override(
@@ -236,11 +250,19 @@ class Cluster:
 
 
 async def until_served(fleet: Fleet, names: set[str], timeout: float = 60) -> None:
+    """Until the fleet serves jobs `names`, each holding its input partitions: a scenario's
+    clock starts on a fleet that has joined its groups, as a long-running job's does (the first
+    join took 2.4 s, once per job, which a job's hours amortise and a few batches do not)."""
+    def joined() -> set[str]:
+        return {n for n, s in fleet.served.items()
+                if len(s.runtime.loop.holding()[0]) == PARTITIONS
+                and not s.runtime.loop.held.restoring}
+
     deadline = time.monotonic() + timeout
-    while not names <= set(fleet.served):
+    while not names <= joined():
         if time.monotonic() > deadline:
-            raise TimeoutError(f"the fleet did not start jobs {sorted(names - set(fleet.served))}")
-        await asyncio.sleep(0.2)
+            raise TimeoutError(f"the fleet did not start jobs {sorted(names - joined())}")
+        await asyncio.sleep(0.1)
 
 
 def log_utilisation(episodes: list[Episode], slots: int, start_ms: float, end_ms: float) -> float:
@@ -411,7 +433,7 @@ def flood(base: Settings, paced_s: float) -> dict[str, Any]:
 # -- 4: bursty jobs, one shared fleet vs dedicated servers -----------------------------------
 
 def bursty(base: Settings, shared: bool, batches: int) -> dict[str, Any]:
-    cluster = Cluster(base, servers=2)
+    cluster = Cluster(base, servers=2, steps=BURSTY_STEPS)
     names = ["x", "y"]
     # A job's cycle on its own server: its batch generated at one server's rate, then trained.
     offset_s = OFFSET * (BATCH / capacity_per_s(1) + TRAIN_S)
@@ -459,6 +481,7 @@ def bursty(base: Settings, shared: bool, batches: int) -> dict[str, Any]:
             "episodes_per_s": round(sum(rates.values()), 3),
             "batch_publish_s_mean": round(statistics.fmean(p for p, _ in phases), 3),
             "batch_processed_s_mean": round(statistics.fmean(g for _, g in phases), 3),
+            "batch_processed_s": [round(g, 3) for _, g in phases],
             "batch_processed_s_ideal": round(BATCH / capacity_per_s(1 if not shared else 2), 3),
             "utilisation_sampled": round(cluster.utilisation(marks["start"], marks["end"]), 4),
             "utilisation_from_log": round(log_utilisation(
@@ -539,7 +562,7 @@ def run(quick: bool = False) -> dict[str, Any]:
     doc = {
         "quick": quick,
         "setup": {"sequences_per_server": SLOTS, "slots_per_server": OVERSUBSCRIBED,
-                  "turn_s": STEP_S * TOKENS,
+                  "turn_s": TURN_S, "decode_steps_per_turn": STEPS,
                   "partitions": PARTITIONS, "episode": "one arithmetic turn",
                   "measured_from": "the jobs' committed trajectories (publish, start, end); "
                                    "utilisation also sampled from the fleet every "
@@ -547,6 +570,7 @@ def run(quick: bool = False) -> dict[str, Any]:
         "weights_and_idle": weighted, "weights_and_idle_one_slot_per_sequence": per_sequence,
         "one_job_alone": alone, "flood": flooded, "fetch_buffer": buffer,
         "bursty": {"batch": BATCH, "train_s": TRAIN_S, "batches_per_job": batches,
+                   "decode_steps_per_turn": BURSTY_STEPS,
                    "offset_of_a_cycle": OFFSET, **sharing},
         "target": {"share_points": TARGET_SHARE_POINTS, "utilisation": TARGET_UTILISATION,
                    "decode_batch": TARGET_DECODE_BATCH,
