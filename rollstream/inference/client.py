@@ -138,9 +138,9 @@ def request_body(
     s = {**SAMPLING_DEFAULTS, **sampling}
     body: dict[str, Any] = {
         "model": model,
-        # RUN's ids are Python ints already: a copy, not an int() per id (at 32k ids that was
-        # about half of building the body; JSON lists are what vLLM takes, so not arrays here).
-        "prompt": list(prompt_ids),
+        # RUN's ids are Python ints already: no int() per id (at 32k ids that was about half of
+        # building the body), and RUN's list itself, not a copy, held while the turn decodes.
+        "prompt": prompt_ids if isinstance(prompt_ids, list) else list(prompt_ids),
         "max_tokens": int(s["max_tokens"]),
         "temperature": float(s["temperature"]),
         "top_p": float(s["top_p"]),
