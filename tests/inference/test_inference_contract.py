@@ -73,6 +73,15 @@ async def fake_vllm(completions: Handler, body: Callable[[str], Awaitable[Any]])
         return await body(str(server.make_url("")).rstrip("/"))
 
 
+def complete_qwen(completions: Handler) -> Completion:
+    """The fixture's Qwen prompt completed against `completions`, the model name discovered."""
+    async def call(url: str) -> Completion:
+        async with InferenceClient(url) as client:
+            return await client.complete(QWEN_PROMPT, SAMPLING, QWEN_STOP)
+
+    return asyncio.run(fake_vllm(completions, call))
+
+
 def test_client_parses_vllm_response() -> None:
     seen: list[Any] = []
 
@@ -80,11 +89,7 @@ def test_client_parses_vllm_response() -> None:
         seen.append(await request.json())
         return web.json_response(VLLM_RESPONSE)  # real vLLM: no policy version header
 
-    async def call(url: str) -> Completion:
-        async with InferenceClient(url) as client:
-            return await client.complete(QWEN_PROMPT, SAMPLING, QWEN_STOP)
-
-    completion = asyncio.run(fake_vllm(completions, call))
+    completion = complete_qwen(completions)
     assert seen == [VLLM_REQUEST]  # model name discovered from /v1/models
     choice = VLLM_RESPONSE["choices"][0]
     assert completion.token_ids == choice["token_ids"] == [13048, 1052, 0, 151645]
@@ -181,11 +186,7 @@ def test_non_finite_logprobs_are_read_and_garbage_is_a_server_error() -> None:
     async def completions(request: web.Request) -> web.Response:
         return web.Response(body=json.dumps(response), content_type="application/json")
 
-    async def call(url: str) -> Completion:
-        async with InferenceClient(url) as client:
-            return await client.complete(QWEN_PROMPT, SAMPLING, QWEN_STOP)
-
-    completion = asyncio.run(fake_vllm(completions, call))
+    completion = complete_qwen(completions)
     assert completion.logprobs[0] == float("-inf")
     assert completion.logprobs[1:] == response["choices"][0]["logprobs"]["token_logprobs"][1:]
 
