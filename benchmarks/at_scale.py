@@ -59,7 +59,7 @@ from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 from benchmarks import print_table, script, write_result
 from benchmarks.chaos import steady_rate, three_node_cluster
 from benchmarks.environments import Turns
-from benchmarks.scaling import GROUP_SIZE, Workers, _wait_assigned, publish
+from benchmarks.scaling import GROUP_SIZE, Workers, _wait_assigned, publish, rss_mb
 from producers.publish import validate_task
 from rollstream.broker import cluster
 from rollstream.cluster import kafka
@@ -227,6 +227,33 @@ def topic_bytes(topic: str) -> int:
     return total // 3
 
 
+class Memory:
+    """Resident memory, sampled: the RUN processes' (each, and together) and the servers'
+    process's peaks, and a progress line every `PRINT_S`."""
+
+    PRINT_S = 30.0
+
+    def __init__(self, workers: Workers, server_pid: int) -> None:
+        self.workers, self.server_pid = workers, server_pid
+        self.run_each = self.run_total = self.servers = 0.0
+        self.started = self.printed = time.monotonic()
+
+    def sample(self, turns: int) -> None:
+        run, servers = self.workers.rss_mb(), rss_mb(self.server_pid)
+        self.run_each = max(self.run_each, *run, 0.0)
+        self.run_total = max(self.run_total, sum(run))
+        self.servers = max(self.servers, servers)
+        if time.monotonic() - self.printed >= self.PRINT_S:
+            self.printed = time.monotonic()
+            print(f"   {self.printed - self.started:5.0f} s: {turns:,} turns checkpointed; RUN "
+                  f"{' '.join(f'{m:,.0f}' for m in run)} MB, servers {servers:,.0f} MB",
+                  flush=True)
+
+    def peaks(self) -> dict[str, float]:
+        return {"run_process_mb": round(self.run_each), "run_processes_mb": round(self.run_total),
+                "servers_mb": round(self.servers)}
+
+
 @dataclass
 class Kill:
     at: float  # wall clock, as the RUN logs' timestamps
@@ -340,10 +367,10 @@ def every_turn_once(settings: Settings, ids: set[str], turns: int) -> dict[str, 
     return {"checked": checked, "not_whole": bad, "context_tokens_at_end": context}
 
 
-def measure(size: Size, workdir: Path, bootstrap: str, urls: list[str],
+def measure(size: Size, workdir: Path, bootstrap: str, urls: list[str], server_pid: int,
             sequence_s: Callable[[], float], timeout_s: float) -> dict[str, Any]:
-    """The run on the cluster at `bootstrap` with the servers at `urls`; `sequence_s()` is the
-    sequence-seconds they decoded so far (`decoded`)."""
+    """The run on the cluster at `bootstrap` with the servers at `urls` (served by process
+    `server_pid`); `sequence_s()` is the sequence-seconds they decoded so far (`decoded`)."""
     settings = load(bootstrap_servers=bootstrap, prefix=f"big{uuid.uuid4().hex[:8]}",
                     partitions=PARTITIONS)
     create_topics(bootstrap, settings.prefix, PARTITIONS, replication_factor=3)
@@ -353,6 +380,7 @@ def measure(size: Size, workdir: Path, bootstrap: str, urls: list[str],
     ports = [n["port"] for n in cluster.state()["nodes"]]  # type: ignore[index]
     traffic = BrokerTraffic(ports)
     follower = Follower(settings)
+    memory = Memory(workers, server_pid)
     kill: Kill | None = None
     try:
         logs = [workers.start("run", "--instance-id", f"run-{i}",
@@ -369,7 +397,9 @@ def measure(size: Size, workdir: Path, bootstrap: str, urls: list[str],
             if time.monotonic() >= next_sample:
                 traffic.sample()
                 next_sample = time.monotonic() + 2
-                if kill is None and follower.checkpointed() >= KILL_AT * size.total_turns:
+                checkpointed = follower.checkpointed()
+                memory.sample(checkpointed)
+                if kill is None and checkpointed >= KILL_AT * size.total_turns:
                     kill = kill_one(workers, logs, settings, follower)
                     print(f"   killed RUN 0 holding {len(kill.held)} episodes", flush=True)
         traffic.sample()
@@ -402,6 +432,7 @@ def measure(size: Size, workdir: Path, bootstrap: str, urls: list[str],
         "broker_bytes_in_per_turn": round(got / max(turns, 1)),
         "broker_bytes_out_per_turn": round(sent / max(turns, 1)),
         "decode_batch": round(batch, 3),
+        "peak_rss": memory.peaks(),
         "kill": None if kill is None else resumes(kill, follower.first),
         "resumed_trajectories": resumed,
     }
@@ -431,7 +462,8 @@ def run(quick: bool = False, timeout_s: float = 4 * 3600) -> dict[str, Any]:
         with (contextlib.nullcontext(keep) if keep
               else tempfile.TemporaryDirectory(prefix="rollstream-at-scale-") as tmp,
               three_node_cluster(Path(tmp) / "home") as bootstrap):
-            result = measure(size, Path(tmp), bootstrap, urls, sequence_s, timeout_s)
+            result = measure(size, Path(tmp), bootstrap, urls, fleet.pid, sequence_s,
+                             timeout_s)
     finally:
         with contextlib.suppress(OSError):
             parent.send("stop")

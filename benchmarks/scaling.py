@@ -114,6 +114,15 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def rss_mb(pid: int) -> float:
+    """A running process's resident memory in MB (from /proc; 0 once it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/statm").read_text().split()
+    except OSError:
+        return 0.0
+    return int(fields[1]) * os.sysconf("SC_PAGE_SIZE") / 1e6
+
+
 class Workers:
     """Worker processes (`python -m <module> worker <stage> ...`), each logging to a file."""
 
@@ -151,6 +160,10 @@ class Workers:
         """User + system CPU seconds of the workers, the killed ones' up to their kill."""
         return self._killed_cpu_s + sum(_cpu_s(proc.pid) for _, proc in self.procs
                                         if proc.poll() is None)
+
+    def rss_mb(self) -> list[float]:
+        """Resident memory of each running worker, MB."""
+        return [rss_mb(proc.pid) for _, proc in self.procs if proc.poll() is None]
 
     def stop(self) -> None:
         for _, proc in self.procs:

@@ -18,6 +18,7 @@ Times back to full throughput are the benchmarks' business (`make bench`), not a
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -133,7 +134,7 @@ def test_a_run_process_killed_among_long_episodes_resumes_each_from_its_turns(
     every trajectory holds each turn once."""
     size = at_scale.Size(episodes=96, turns=6, processes=2, prompt_tokens=200)
     with Fleet(at_scale.servers(1)) as fleet:
-        result = at_scale.measure(size, tmp_path, three_nodes, fleet.urls,
+        result = at_scale.measure(size, tmp_path, three_nodes, fleet.urls, os.getpid(),
                                   lambda: at_scale.decoded(fleet), timeout_s=600)
     assert (result["trajectories"], result["lost"], result["duplicated"]) == (96, 0, 0), result
     kill = result["kill"]
