@@ -27,8 +27,10 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from rollstream.contracts.codec import pack_ids, pack_logprobs, unpack_ids
 from rollstream.contracts.events import SamplingParams, Termination, Trajectory, Turn
@@ -60,7 +62,7 @@ UPDATE_POLL_S = 0.5
 OUTAGE_WINDOW_S = 120.0
 
 # (ids, new_sample) for the episode's current sample: the template's next prompt.
-Prompt = Callable[[list[int]], tuple[list[int], bool]]
+Prompt = Callable[[np.ndarray], tuple[list[int], bool]]
 # Writes the trajectory's last turn to <p>.episode-state, with the previous turn's observation
 # where that came only after its own checkpoint (a harness sends it with its next call).
 Checkpoint = Callable[[EventContext, Trajectory, str | None], None]
@@ -70,14 +72,18 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def sample_ids(turns: list[Turn]) -> list[int]:
+def ids_array(ids: Sequence[int] | np.ndarray = ()) -> np.ndarray:
+    """Token ids as RUN holds a context: int32, 4 bytes an id (a list of Python ints takes 8
+    to 36), for thousands of episodes of up to 32k ids each."""
+    return np.asarray(ids, dtype=np.int32)
+
+
+def sample_ids(turns: list[Turn]) -> np.ndarray:
     """The token ids of the current sample: from the last turn that started one."""
     start = max((i for i, t in enumerate(turns) if t.get("new_sample")), default=0)
-    ids: list[int] = []
-    for turn in turns[start:]:
-        ids.extend(unpack_ids(turn["prompt_ids"]).tolist())
-        ids.extend(unpack_ids(turn["completion_ids"]).tolist())
-    return ids
+    parts = [unpack_ids(turn[key]) for turn in turns[start:]
+             for key in ("prompt_ids", "completion_ids")]
+    return np.concatenate([ids_array(), *parts])
 
 
 class EpisodeEnded(Exception):
@@ -93,7 +99,7 @@ class Playing:
     trajectory: Trajectory
     ctx: EventContext
     state: dict
-    sample: list[int] = field(default_factory=list)
+    sample: np.ndarray = field(default_factory=ids_array)
     max_total_tokens: int | None = None  # prompt + completion ids of all its turns
     tokens: int = 0
     # The last turn's observation when it came after that turn's checkpoint, for the next one.
@@ -143,7 +149,7 @@ class Turns:
         if new_sample:  # never at the first turn: there is no history to re-render
             log.info("%s: turn %d does not extend the recorded sample; new sample",
                      trajectory["episode_id"], len(turns))
-            episode.sample = []
+            episode.sample = ids_array()
         budget = episode.max_total_tokens
         if budget is not None and episode.tokens + len(prompt_ids) > budget:
             episode.end("TRUNCATED", f"token budget of {budget} spent")
@@ -155,7 +161,10 @@ class Turns:
             await self.quotas.turn()  # its turns-per-second quota
         started = now_ms()
         try:
-            completion = await self.complete(episode.sample + prompt_ids, trajectory, len(turns))
+            # The context sent lives while the turn decodes, and not in the Sampled: a caller's
+            # last one is still alive while its next turn decodes.
+            completion = await self.complete(
+                np.concatenate((episode.sample, ids_array(prompt_ids))), trajectory, len(turns))
         except ContextOverflow as exc:
             episode.end("TRUNCATED", str(exc))
             raise EpisodeEnded() from exc
@@ -173,7 +182,8 @@ class Turns:
         completion = sampled.completion
         turns.append(turn_record(len(turns), sampled, step, env_ms))
         metrics.turn(len(completion.token_ids))
-        episode.sample += sampled.prompt_ids + completion.token_ids
+        episode.sample = np.concatenate((episode.sample, ids_array(sampled.prompt_ids),
+                                         ids_array(completion.token_ids)))
         episode.tokens += len(sampled.prompt_ids) + len(completion.token_ids)
         episode.state = step.state
         trajectory["env_state"] = json.dumps(step.state)
@@ -183,7 +193,7 @@ class Turns:
             self.checkpoint(episode.ctx, trajectory, episode.late_observation)
             episode.late_observation = None
 
-    async def complete(self, prompt_ids: list[int], trajectory: Trajectory,
+    async def complete(self, prompt_ids: np.ndarray, trajectory: Trajectory,
                        turn: int) -> Completion:
         sampling = trajectory["task"]["sampling"].copy()
         seed = sampling.get("seed")
@@ -209,7 +219,7 @@ class Turns:
                 f"spaces_between_special_tokens on any proxy in between")
         return completion
 
-    async def _sample(self, prompt_ids: list[int], sampling: SamplingParams,
+    async def _sample(self, prompt_ids: np.ndarray, sampling: SamplingParams,
                       episode_id: str) -> Completion:
         last: Exception | None = None
         delays = iter(RETRY_DELAYS_S)

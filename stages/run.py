@@ -39,6 +39,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import cast
 
+import numpy as np
 from confluent_kafka import OFFSET_BEGINNING, Message, TopicPartition
 
 from rollstream.bounds import check_episode
@@ -374,7 +375,7 @@ class RunStage(Stage[Episode]):
         task = trajectory["task"]
         episode = Playing.resume(trajectory, ctx)
 
-        def prompt(sample: list[int]) -> tuple[list[int], bool]:
+        def prompt(sample: np.ndarray) -> tuple[list[int], bool]:
             messages = conversation(task, trajectory["turns"], env.observation_role)
             return self.template.next_prompt(sample, messages)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import io
 import struct
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, cast, overload
 
 import numpy as np
@@ -187,6 +187,16 @@ def pack_ids(ids: Any) -> bytes:
 
 def unpack_ids(data: bytes) -> np.ndarray:
     return np.frombuffer(data, dtype=_I32)
+
+
+# Token ids: a list, or an int32 array (RUN's contexts).
+Ids = Sequence[int] | np.ndarray
+
+
+def id_list(ids: Ids) -> list[int]:
+    """Token ids as a list of Python ints: an array's through tolist (iterating one makes a numpy
+    scalar per id: comparing 30k ids with a list took 6.4 ms that way, 1.0 ms through tolist)."""
+    return ids.tolist() if isinstance(ids, np.ndarray) else list(ids)
 
 
 def pack_logprobs(values: Any) -> bytes:

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import schemas
+from rollstream.contracts.codec import Ids
 from rollstream.contracts.events import SAMPLING_PARAMS
 
 # -- the tokenizer ------------------------------------------------------------------------
@@ -104,21 +105,21 @@ class EmbeddedChatTemplate:
         return [USER, *self.tokenizer.encode(text), END, ASSISTANT]
 
     def next_prompt(
-        self, sample_ids: Sequence[int], messages: Sequence[Mapping[str, str]]
+        self, sample_ids: Ids, messages: Sequence[Mapping[str, str]]
     ) -> tuple[list[int], bool]:
         """The ids to append for the last message (always an append: this template never
         re-renders history, so it never starts a new sample); the whole rendering when there
         is no history yet (a system message, then the task)."""
-        if not sample_ids:
+        if len(sample_ids) == 0:  # RUN's sample is an array: no truth value
             return self.render(messages, add_generation_prompt=True), False
         delta = self.observation_delta(messages[-1].get("content") or "")
-        if sample_ids and sample_ids[-1] not in self.stop_token_ids:
+        if sample_ids[-1] not in self.stop_token_ids:
             # Cut off before its stop token (max_tokens): close the turn so the template stays
             # well-formed (the closing token is prompt, never trained on as sampled).
             return [END, *delta], False
         return delta, False
 
-    def decode(self, ids: Sequence[int]) -> str:
+    def decode(self, ids: Ids) -> str:
         """Text of ids as the server writes it (RUN asks for special tokens in `text`)."""
         return self.tokenizer.decode(ids, skip_special_tokens=False)
 

@@ -23,6 +23,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from rollstream.contracts.codec import Ids, id_list
 from rollstream.contracts.inference import EmbeddedChatTemplate
 from rollstream.contracts.tool_calls import ToolCall, hermes, parse_tool_calls
 
@@ -128,16 +129,16 @@ class PromptBuilder:
             if m.get("tool_calls") else m for m in messages]
         return self.template.render(structured, add_generation_prompt=True, tools=tools or None)
 
-    def prompt(self, sample: Sequence[int], messages: Sequence[Mapping[str, Any]],
+    def prompt(self, sample: Ids, messages: Sequence[Mapping[str, Any]],
                tools: Sequence[Mapping[str, Any]] | None) -> tuple[list[int], bool]:
         """(ids to append to `sample`, False), or (the whole rendering's ids, True) when the
         rendering does not extend `sample`: a new sample."""
         rendered = self.rendering(messages, tools)
         if isinstance(rendered, list):
-            if sample and rendered[:len(sample)] == list(sample):
+            if len(sample) and rendered[:len(sample)] == id_list(sample):
                 return rendered[len(sample):], False
-            return rendered, bool(sample)
-        history = self.template.decode(sample) if sample else ""
+            return rendered, len(sample) > 0
+        history = self.template.decode(sample) if len(sample) else ""
         if rendered.startswith(history):
             return self.template.encode(rendered[len(history):]), False
         return self.template.encode(rendered), True

@@ -9,16 +9,18 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
+from rollstream.contracts.codec import Ids
+
 
 class ChatTemplate(Protocol):
     """What RUN (and its gateway) needs of a chat template (see the module's docstring)."""
 
     stop_token_ids: list[int]
 
-    def next_prompt(self, sample_ids: Sequence[int],
+    def next_prompt(self, sample_ids: Ids,
                     messages: Sequence[Mapping[str, str]]) -> tuple[list[int], bool]: ...
 
-    def decode(self, ids: Sequence[int]) -> str: ...
+    def decode(self, ids: Ids) -> str: ...
 
 
 def sample_count(turns: Sequence[Mapping[str, object]]) -> int:

@@ -34,6 +34,8 @@ from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
+from rollstream.contracts.codec import Ids, id_list
+
 _SPECIAL_KEYS = ("bos_token", "eos_token", "pad_token", "unk_token")
 
 
@@ -129,8 +131,9 @@ class HFChatTemplate:
         # the template writes whatever the model expects.
         return self.tokenizer.encode(text, add_special_tokens=False).ids
 
-    def decode(self, ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(list(ids), skip_special_tokens=False)
+    def decode(self, ids: Ids) -> str:
+        # The tokenizer reads a list of Python ints (RUN's sample is an int32 array).
+        return self.tokenizer.decode(id_list(ids), skip_special_tokens=False)
 
     def _normalize(self, text: str) -> str:
         return unicodedata.normalize("NFC", text) if self._nfc else text
@@ -141,7 +144,7 @@ class HFChatTemplate:
         return self.encode(self.render([{"role": "user", "content": user_text}], True))
 
     def next_prompt(
-        self, sample_ids: Sequence[int], messages: Sequence[Mapping[str, Any]]
+        self, sample_ids: Ids, messages: Sequence[Mapping[str, Any]]
     ) -> tuple[list[int], bool]:
         """(ids, new_sample): the ids to append to `sample_ids` for the conversation
         `messages` (which ends with the new message) and a generation prompt; or, where the

@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rollstream.config import InferenceSettings
+from rollstream.contracts.codec import Ids
 from rollstream.contracts.wire import check_adapter, lora_version
 from rollstream.inference.client import (
     BadRequest,
@@ -217,7 +218,7 @@ class Router:
 
     # -- requests --------------------------------------------------------------------------
 
-    async def complete(self, episode_id: str, prompt_ids: Sequence[int],
+    async def complete(self, episode_id: str, prompt_ids: Ids,
                        sampling: Mapping[str, Any], stop_token_ids: Sequence[int]) -> Completion:
         """One attempt on the episode's server. Raises ServerError (retryable: the caller
         backs off and calls again, possibly landing on another server) or InferenceError."""

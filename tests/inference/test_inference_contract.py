@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
@@ -284,6 +285,33 @@ def test_lora_adapter_is_requested_by_name_and_echo_mismatch_is_caught() -> None
     assert not err.retryable
 
 
+def test_an_int32_context_is_sent_as_the_same_json_and_checked_against_the_echo() -> None:
+    """RUN holds an episode's context as an int32 array: the server reads the body a list of the
+    same ids makes (the fixture's), and the echoed ids are compared by value, so one id changed
+    is caught."""
+    seen: list[Any] = []
+    echoed = json.loads(json.dumps(VLLM_RESPONSE))
+    echoed["choices"][0]["prompt_token_ids"] = QWEN_PROMPT
+
+    async def completions(request: web.Request) -> web.Response:
+        seen.append(await request.json())
+        return web.json_response(echoed)
+
+    async def call(url: str) -> Completion:
+        context = np.asarray(QWEN_PROMPT, dtype=np.int32)
+        changed = context.copy()
+        changed[3] += 1
+        async with InferenceClient(url) as client:
+            completion = await client.complete(context, SAMPLING, QWEN_STOP)
+            with pytest.raises(InferenceError, match="prompt_token_ids differ"):
+                await client.complete(changed, SAMPLING, QWEN_STOP)
+            return completion
+
+    completion = asyncio.run(fake_vllm(completions, call))
+    assert seen[0] == VLLM_REQUEST and seen[1]["prompt"][3] == QWEN_PROMPT[3] + 1
+    assert completion.token_ids == echoed["choices"][0]["token_ids"]
+
+
 def test_simulated_server_follows_the_same_contract() -> None:
     with Fleet([SimulatedServer()]) as fleet:
 
@@ -294,3 +322,4 @@ def test_simulated_server_follows_the_same_contract() -> None:
         completion, load = asyncio.run(call())
     assert completion.token_ids[-1] == END and completion.finish_reason == "stop"
     assert completion.policy_version == 0 and load["running"] == 0.0
+

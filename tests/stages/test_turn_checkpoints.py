@@ -9,15 +9,17 @@ import time
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
 from confluent_kafka import TopicPartition
 
 from producers.publish import validate_task
 from rollstream.cluster import kafka
 from rollstream.cluster.topics import create_topics, delete_topics
 from rollstream.config import Settings
-from rollstream.contracts.codec import codec
+from rollstream.contracts.codec import codec, pack_ids
 from rollstream.dev.simulated import Fleet, SimulatedServer
-from rollstream.runtime import StageRuntime
+from rollstream.runtime import EventContext, StageRuntime
+from rollstream.turns import Playing
 from stages.run import Saved, read_saved
 
 TURNS = 40
@@ -200,3 +202,19 @@ def test_an_earlier_releases_whole_trajectory_checkpoint_is_read_and_ended() -> 
     assert state == '{"at": 2}' and saved[0]["e#0"].legacy
     assert read_saved([0], [(0, "e#0", "Trajectory", legacy), (0, "e#0", None, None)]
                       ) == {0: {}}
+
+
+def test_a_resumed_episode_holds_its_current_sample_as_int32_ids() -> None:
+    """The context RUN keeps for each episode in flight is 4 bytes an id, from the last turn that
+    started a new sample (ids past 2^16: a real vocabulary's, not the byte tokenizer's)."""
+    def played(index: int, prompt: list[int], new_sample: bool = False) -> dict:
+        return {"index": index, "prompt_ids": pack_ids(prompt),
+                "completion_ids": pack_ids([151_000 + index, 151_645]), "new_sample": new_sample}
+
+    turns = [played(0, [70_000, 70_001]), played(1, [9]), played(2, [80_000, 5], True),
+             played(3, [6])]
+    episode = Playing.resume({"turns": turns, "env_state": "{}"},  # type: ignore[typeddict-item]
+                             EventContext(0, 0, lambda output: None))
+    expected = [80_000, 5, 151_002, 151_645, 6, 151_003, 151_645]
+    assert episode.sample.dtype == np.int32 and episode.sample.tolist() == expected
+    assert episode.sample.nbytes == 4 * len(expected)
