@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import numpy as np
 import pytest
 from aiohttp import web
@@ -323,3 +324,16 @@ def test_simulated_server_follows_the_same_contract() -> None:
     assert completion.token_ids[-1] == END and completion.finish_reason == "stop"
     assert completion.policy_version == 0 and load["running"] == 0.0
 
+
+@pytest.mark.parametrize("prompt", ["Say hi", [[1, 2], [3, 4]], [1, 2**40], None])
+def test_simulated_server_refuses_what_is_not_token_ids_by_name(prompt: Any) -> None:
+    with Fleet([SimulatedServer()]) as fleet:
+
+        async def post() -> tuple[int, Any]:
+            async with aiohttp.ClientSession() as session, session.post(
+                    fleet.urls[0] + "/v1/completions",
+                    json={"prompt": prompt, "max_tokens": 1}) as response:
+                return response.status, await response.json()
+
+        status, answer = asyncio.run(post())
+    assert status == 400 and "prompt must be a list of token ids" in answer["error"]["message"]
