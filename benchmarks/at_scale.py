@@ -176,6 +176,7 @@ def decoded(fleet: Fleet) -> float:
 
 def serve(conn: Connection) -> None:
     """The child process: the simulated servers; answers `decoded` until told to stop."""
+    heap.trim_every()  # thousands of requests' contexts come and go, as in RUN
     with Fleet(servers(SERVERS)) as fleet:
         conn.send(fleet.urls)
         while conn.recv() == "decoded":
