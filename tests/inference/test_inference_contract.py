@@ -265,14 +265,21 @@ def test_embedded_server_serves_the_same_load_gauges(policy: str) -> None:
     assert models[0]["id"] == "rollstream-tiny"
 
 
-def test_lora_adapter_is_requested_by_name_and_echo_mismatch_is_caught() -> None:
-    seen: list[Any] = []
+def echoing(seen: list[Any]) -> Handler:
+    """vLLM answering the fixture's response, echoing the fixture's Qwen prompt; each request's
+    body goes to `seen`."""
     echoed = json.loads(json.dumps(VLLM_RESPONSE))
     echoed["choices"][0]["prompt_token_ids"] = QWEN_PROMPT
 
     async def completions(request: web.Request) -> web.Response:
         seen.append(await request.json())
         return web.json_response(echoed)
+
+    return completions
+
+
+def test_lora_adapter_is_requested_by_name_and_echo_mismatch_is_caught() -> None:
+    seen: list[Any] = []
 
     async def call(url: str) -> BaseException:
         async with InferenceClient(url) as client:
@@ -281,7 +288,7 @@ def test_lora_adapter_is_requested_by_name_and_echo_mismatch_is_caught() -> None
                 await client.complete(QWEN_PROMPT[:-1], SAMPLING, QWEN_STOP)
             return info.value
 
-    err = asyncio.run(fake_vllm(completions, call))
+    err = asyncio.run(fake_vllm(echoing(seen), call))
     assert seen[0] == {**VLLM_REQUEST, "model": "rollstream-policy-v3"}
     assert not err.retryable
 
@@ -291,12 +298,6 @@ def test_an_int32_context_is_sent_as_the_same_json_and_checked_against_the_echo(
     same ids makes (the fixture's), and the echoed ids are compared by value, so one id changed
     is caught."""
     seen: list[Any] = []
-    echoed = json.loads(json.dumps(VLLM_RESPONSE))
-    echoed["choices"][0]["prompt_token_ids"] = QWEN_PROMPT
-
-    async def completions(request: web.Request) -> web.Response:
-        seen.append(await request.json())
-        return web.json_response(echoed)
 
     async def call(url: str) -> Completion:
         context = np.asarray(QWEN_PROMPT, dtype=np.int32)
@@ -308,9 +309,9 @@ def test_an_int32_context_is_sent_as_the_same_json_and_checked_against_the_echo(
                 await client.complete(changed, SAMPLING, QWEN_STOP)
             return completion
 
-    completion = asyncio.run(fake_vllm(completions, call))
+    completion = asyncio.run(fake_vllm(echoing(seen), call))
     assert seen[0] == VLLM_REQUEST and seen[1]["prompt"][3] == QWEN_PROMPT[3] + 1
-    assert completion.token_ids == echoed["choices"][0]["token_ids"]
+    assert completion.token_ids == VLLM_RESPONSE["choices"][0]["token_ids"]
 
 
 def test_simulated_server_follows_the_same_contract() -> None:
