@@ -5,9 +5,10 @@ The model is Little's law on what the benchmarks measured (benchmarks/results/; 
 the constants below equal to them):
 - RUN holds every running episode: turns x (inference latency + tool time) each. A RUN process
   works on at most `max_in_flight` at once, and spends CPU_S_PER_TURN per turn: the at_scale
-  benchmark's, 10,000 episodes in flight over 4 RUN processes on a 3-node cluster (the prompt
-  sent and echoed every turn, the turn's checkpoint, the transactions), with contexts of up to
-  7.7k tokens; a turn with a longer context costs more, since its request carries all of it.
+  benchmark's, 10,000 episodes of 50 turns in flight over 4 RUN processes on a 3-node cluster
+  (the prompt sent and echoed every turn, the turn's checkpoint, the transactions), with
+  contexts growing to 32k tokens; a turn with a longer context costs more, since its request
+  carries all of it.
 - EVAL holds each trajectory for its scoring time, `max_in_flight` per process.
 - INIT is CPU-bound: STAGE_CPU_S_PER_EVENT per event in and out (the metrics benchmark's
   decoding, re-encoding stage), a task in and `group_size` episodes out.
@@ -25,8 +26,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
-# benchmarks/results/at_scale.json: RUN's CPU per turn, 10,000 episodes of 10 turns in flight.
-AT_SCALE_RUN_CPU_MS_PER_TURN = 2.613
+# benchmarks/results/at_scale.json: RUN's CPU per turn, 10,000 episodes of 50 turns in flight.
+AT_SCALE_RUN_CPU_MS_PER_TURN = 3.176
 CPU_S_PER_TURN = AT_SCALE_RUN_CPU_MS_PER_TURN / 1000
 # benchmarks/results/metrics.json: a decoding, re-encoding stage with metrics on, per event.
 STAGE_CPU_S_PER_EVENT = 18.7e-6
