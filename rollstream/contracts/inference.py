@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import schemas
-from rollstream.contracts.codec import Ids
+from rollstream.contracts.codec import Ids, id_list
 from rollstream.contracts.events import SAMPLING_PARAMS
 
 # -- the tokenizer ------------------------------------------------------------------------
@@ -121,7 +121,7 @@ class EmbeddedChatTemplate:
 
     def decode(self, ids: Ids) -> str:
         """Text of ids as the server writes it (RUN asks for special tokens in `text`)."""
-        return self.tokenizer.decode(ids, skip_special_tokens=False)
+        return self.tokenizer.decode(id_list(ids), skip_special_tokens=False)
 
     def render(
         self, messages: Iterable[Mapping[str, str]], add_generation_prompt: bool
